@@ -1,0 +1,49 @@
+"""kiln: a compiler for PyTorch programs.
+
+    torch.compile(model, backend="kiln")      # after `pip install`
+    kiln.compile(model, fullgraph=False, dynamic=None, mode="default")
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from kiln.options import Options
+
+__version__ = "0.1.0"
+__all__ = ["compile", "jit", "Options", "__version__"]
+
+
+def compile(model_or_fn: Callable | None = None, **options: Any) -> Callable:
+    """Compile a module or function with kiln; unknown options are an error here."""
+    opts = Options.from_kwargs(**options)
+    if model_or_fn is None:
+        return functools.partial(compile, **options)
+    if not callable(model_or_fn):
+        raise TypeError(f"kiln.compile needs a torch.nn.Module or a function, got {type(model_or_fn).__name__}")
+    from kiln.frontend.backend import kiln_backend
+
+    backend = functools.partial(kiln_backend, options=opts)
+    return torch.compile(model_or_fn, backend=backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic)
+
+
+def jit(fn: Callable | None = None, **options: Any) -> Callable:
+    """Decorator form: @kiln.jit or @kiln.jit(fullgraph=True)."""
+    if fn is None:
+        return lambda f: compile(f, **options)
+    return compile(fn, **options)
+
+
+def _register_backend() -> None:
+    from torch._dynamo import list_backends, register_backend
+
+    if "kiln" not in list_backends(exclude_tags=()):
+        from kiln.frontend.backend import kiln_backend
+
+        register_backend(name="kiln")(kiln_backend)
+
+
+_register_backend()

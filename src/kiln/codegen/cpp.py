@@ -1,0 +1,329 @@
+"""C++ (OpenMP) renderer for kernel IR.
+
+The outer domain becomes nested loops: parallel over the leading outer dimensions, a SIMD
+loop innermost. Each stage of a reduction kernel is a loop over the reduction domain whose
+innermost dimension is a SIMD loop with the accumulators as OpenMP reductions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kiln.ir import kernel as k
+from kiln.ir.index import Expr, FloorDiv, Mod, Sym
+from kiln.ir.kernel import compute_dtype
+
+PRELUDE = (Path(__file__).with_name("cpp_prelude.h")).read_text()
+
+# Below this many points per kernel, threads cost more than they save.
+PARALLEL_MIN_WORK = 1 << 15
+
+STORAGE_TYPE = {
+    torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t",
+    torch.float16: "_Float16", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}
+
+
+class CppUnsupported(Exception):
+    pass
+
+
+def ctype(dtype: torch.dtype) -> str:
+    """The C type a value of this dtype is computed in."""
+    dtype = compute_dtype(dtype)
+    if dtype not in STORAGE_TYPE:
+        raise CppUnsupported(f"dtype {dtype} has no C++ type")
+    return STORAGE_TYPE[dtype]
+
+
+def render_index(e: Expr) -> str:
+    parts = []
+    for atom, coef in e.terms:
+        if isinstance(atom, Sym):
+            text = atom.name
+        elif isinstance(atom, FloorDiv):
+            text = f"({render_index(atom.arg)}) / {atom.divisor}"
+        elif isinstance(atom, Mod):
+            text = f"({render_index(atom.arg)}) % {atom.divisor}"
+        text = f"({text})" if isinstance(atom, (FloorDiv, Mod)) else text
+        parts.append(text if coef == 1 else f"{coef} * {text}")
+    if e.const or not parts:
+        parts.append(str(e.const))
+    return " + ".join(parts)
+
+
+def literal(value, dtype: torch.dtype) -> str:
+    dtype = compute_dtype(dtype)
+    if dtype is torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        v = float(value)
+        if v != v:
+            text = "std::numeric_limits<double>::quiet_NaN()"
+        elif v in (float("inf"), float("-inf")):
+            text = ("-" if v < 0 else "") + "std::numeric_limits<double>::infinity()"
+        else:
+            text = repr(v)
+        return f"({ctype(dtype)})({text})"
+    return f"(({ctype(dtype)}){int(value)}LL)" if abs(int(value)) < 2**63 else "0"
+
+
+_FLOAT_FN = {  # name -> C function for float; double drops the trailing f
+    "exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "log10": "log10f",
+    "log1p": "log1pf", "expm1": "expm1f", "sqrt": "sqrtf", "sin": "sinf", "cos": "cosf",
+    "tan": "tanf", "asin": "asinf", "acos": "acosf", "atan": "atanf", "sinh": "sinhf",
+    "cosh": "coshf", "tanh": "tanhf", "asinh": "asinhf", "acosh": "acoshf", "atanh": "atanhf",
+    "erf": "erff", "erfc": "erfcf", "floor": "floorf", "ceil": "ceilf", "round": "nearbyintf",
+    "trunc": "truncf", "abs": "fabsf",
+}
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<",
+          "le": "<=", "gt": ">", "ge": ">=", "bitwise_and": "&", "bitwise_or": "|",
+          "bitwise_xor": "^", "lshift": "<<", "rshift": ">>"}
+
+
+def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
+    a = s.args
+    t = compute_dtype(arg_types[0]) if arg_types else compute_dtype(s.dtype)
+    is_fp = t.is_floating_point
+    fn = s.fn
+    if fn == "cast":
+        src, dst = arg_types[0], s.dtype
+        if dst is torch.bool:
+            return f"({a[0]} != 0)"
+        if dst is torch.bfloat16:
+            return f"kiln_round_bf16((float){a[0]})"
+        if dst is torch.float16:
+            return f"kiln_round_f16((float){a[0]})"
+        if not dst.is_floating_point and src.is_floating_point:
+            return f"(({ctype(dst)})(int64_t){a[0]})" if dst is torch.uint8 else f"(({ctype(dst)}){a[0]})"
+        return f"(({ctype(dst)}){a[0]})"
+    if fn in _INFIX:
+        if fn in ("add", "mul") and t is torch.bool:
+            return f"({a[0]} {'||' if fn == 'add' else '&&'} {a[1]})"
+        return f"({a[0]} {_INFIX[fn]} {a[1]})"
+    if fn in _FLOAT_FN and is_fp:
+        name = _FLOAT_FN[fn] if t is torch.float32 else _FLOAT_FN[fn][:-1]
+        name = {"fabs": "fabs", "nearbyint": "nearbyint"}.get(name, name)
+        return f"{name}({a[0]})"
+    if fn == "abs":
+        return f"({a[0]} < 0 ? -{a[0]} : {a[0]})" if t is not torch.bool else a[0]
+    if fn == "neg":
+        return f"(-{a[0]})"
+    if fn == "rsqrt":
+        return f"(({ctype(t)})1 / std::sqrt({a[0]}))"
+    if fn == "reciprocal":
+        return f"(({ctype(t)})1 / {a[0]})"
+    if fn == "sigmoid":
+        return f"kiln_sigmoid({a[0]})"
+    if fn == "sign":
+        return f"kiln_sign({a[0]})" if t is not torch.bool else a[0]
+    if fn == "isnan":
+        return f"({a[0]} != {a[0]})"
+    if fn == "isinf":
+        return f"std::isinf({a[0]})"
+    if fn == "logical_not":
+        return f"(!{a[0]})"
+    if fn == "bitwise_not":
+        return f"(!{a[0]})" if t is torch.bool else f"(~{a[0]})"
+    if fn == "logical_and":
+        return f"((bool){a[0]} && (bool){a[1]})"
+    if fn == "logical_or":
+        return f"((bool){a[0]} || (bool){a[1]})"
+    if fn == "logical_xor":
+        return f"((bool){a[0]} != (bool){a[1]})"
+    if fn in ("maximum", "minimum"):
+        if t is torch.bool:
+            return f"({a[0]} {'||' if fn == 'maximum' else '&&'} {a[1]})"
+        return f"kiln_{fn}<{ctype(t)}>({a[0]}, {a[1]})"
+    if fn == "where":
+        return f"({a[0]} ? {a[1]} : {a[2]})"
+    if fn == "floordiv":
+        return f"kiln_floordiv_fp<{ctype(t)}>({a[0]}, {a[1]})" if is_fp else f"kiln_floordiv({a[0]}, {a[1]})"
+    if fn == "truncdiv":
+        return f"std::trunc({a[0]} / {a[1]})" if is_fp else f"kiln_truncdiv({a[0]}, {a[1]})"
+    if fn == "remainder":
+        return f"kiln_remainder_fp<{ctype(t)}>({a[0]}, {a[1]})" if is_fp else f"kiln_remainder({a[0]}, {a[1]})"
+    if fn == "fmod":
+        return f"std::fmod({a[0]}, {a[1]})" if is_fp else f"kiln_fmod({a[0]}, {a[1]})"
+    if fn == "pow":
+        return f"std::pow({a[0]}, {a[1]})" if is_fp else f"kiln_pow({a[0]}, {a[1]})"
+    if fn == "atan2":
+        return f"std::atan2({a[0]}, {a[1]})"
+    if fn == "copysign":
+        return f"std::copysign({a[0]}, {a[1]})"
+    if fn in ("floor", "ceil", "round", "trunc"):
+        return a[0]
+    raise CppUnsupported(f"no C++ rendering of {fn} on {t}")
+
+
+_REDUCE_INIT = {"sum": "0", "prod": "1", "any": "false", "all": "true"}
+
+
+def _reduce_init(kind: str, t: torch.dtype) -> str:
+    if kind in _REDUCE_INIT:
+        return f"({ctype(t)}){_REDUCE_INIT[kind]}"
+    low = kind in ("max", "argmax")
+    if t.is_floating_point:
+        return f"{'-' if low else ''}std::numeric_limits<{ctype(t)}>::infinity()"
+    if t is torch.bool:
+        return "false" if low else "true"
+    return f"std::numeric_limits<{ctype(t)}>::{'lowest' if low else 'max'}()"
+
+
+class _Renderer:
+    def __init__(self, kernel: k.Kernel):
+        self.k = kernel
+        self.types: dict[str, torch.dtype] = {}
+        self.lines: list[str] = []
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("  " * depth + text)
+
+    def stmt(self, s: k.Stmt, depth: int) -> None:
+        if isinstance(s, k.Load):
+            t = compute_dtype(s.dtype)
+            value = f"{s.buf}[{render_index(s.index)}]"
+            if s.dtype is torch.bfloat16:
+                value = f"kiln_from_bf16({value})"
+            elif s.dtype is torch.float16:
+                value = f"(float){value}"
+            if s.mask:
+                value = f"({s.mask} ? {value} : ({ctype(t)})0)"
+            self.types[s.out] = s.dtype
+            self.emit(depth, f"{ctype(t)} {s.out} = {value};")
+        elif isinstance(s, k.Const):
+            self.types[s.out] = s.dtype
+            self.emit(depth, f"const {ctype(s.dtype)} {s.out} = {literal(s.value, s.dtype)};")
+        elif isinstance(s, k.IndexValue):
+            self.types[s.out] = torch.int64
+            self.emit(depth, f"int64_t {s.out} = {render_index(s.index)};")
+        elif isinstance(s, k.InBounds):
+            self.types[s.out] = torch.bool
+            idx = render_index(s.index)
+            self.emit(depth, f"bool {s.out} = (0 <= ({idx})) && (({idx}) < {s.size});")
+        elif isinstance(s, k.Compute):
+            expr = render_compute(s, [self.types[a] for a in s.args])
+            self.types[s.out] = s.dtype
+            self.emit(depth, f"{ctype(s.dtype)} {s.out} = {expr};")
+        elif isinstance(s, k.Reduce):
+            self.reduce_update(s, depth)
+        elif isinstance(s, k.Store):
+            value = s.value
+            if s.dtype is torch.bfloat16:
+                value = f"kiln_to_bf16({value})"
+            elif s.dtype is torch.float16:
+                value = f"(_Float16){value}"
+            elif compute_dtype(self.types[s.value]) != s.dtype:
+                value = f"({STORAGE_TYPE[s.dtype]}){value}"
+            self.emit(depth, f"{s.buf}[{render_index(s.index)}] = {value};")
+
+    def reduce_update(self, s: k.Reduce, depth: int) -> None:
+        v, acc = s.value, s.out
+        if s.kind == "sum":
+            self.emit(depth, f"{acc} += {v};")
+        elif s.kind == "prod":
+            self.emit(depth, f"{acc} *= {v};")
+        elif s.kind == "any":
+            self.emit(depth, f"{acc} = {acc} || {v};")
+        elif s.kind == "all":
+            self.emit(depth, f"{acc} = {acc} && {v};")
+        elif s.kind in ("max", "min"):
+            fn = "maximum" if s.kind == "max" else "minimum"
+            t = ctype(s.dtype)
+            self.emit(depth, f"{acc} = kiln_{fn}<{t}>({acc}, {v});" if t != "bool" else
+                      f"{acc} = {acc} {'||' if s.kind == 'max' else '&&'} {v};")
+        else:  # argmax / argmin: the first position of the extreme value (NaN counts as extreme)
+            cmp = ">" if s.kind == "argmax" else "<"
+            best = f"{acc}_v"
+            nan = f"{v} != {v}" if compute_dtype(s.dtype).is_floating_point else "false"
+            self.emit(depth, f"if (!({best} != {best}) && (({nan}) || {v} {cmp} {best})) "
+                             f"{{ {best} = {v}; {acc} = {render_index(s.index)}; }}")
+
+    def reduce_init(self, s: k.Reduce, depth: int) -> None:
+        t = compute_dtype(s.dtype)
+        if s.kind in ("argmax", "argmin"):
+            self.emit(depth, f"{ctype(t)} {s.out}_v = {_reduce_init(s.kind, t)};")
+            self.emit(depth, f"int64_t {s.out} = 0;")
+            self.types[s.out] = torch.int64
+        else:
+            self.emit(depth, f"{ctype(t)} {s.out} = {_reduce_init(s.kind, t)};")
+            self.types[s.out] = t
+
+    def loop_stage(self, stage: k.Stage, depth: int) -> None:
+        reductions = [s for s in stage.body if isinstance(s, k.Reduce)]
+        for r in reductions:
+            self.reduce_init(r, depth)
+        syms = self.k.reduce
+        for i, sym in enumerate(syms):
+            if i == len(syms) - 1:
+                simple = [r.out for r in reductions if r.kind in ("sum", "prod")]
+                others = [r for r in reductions if r.kind not in ("sum", "prod")]
+                pragma = "#pragma omp simd"
+                plus = [r.out for r in reductions if r.kind == "sum"]
+                times = [r.out for r in reductions if r.kind == "prod"]
+                if plus:
+                    pragma += f" reduction(+:{', '.join(plus)})"
+                if times:
+                    pragma += f" reduction(*:{', '.join(times)})"
+                if not others or simple == [r.out for r in reductions]:
+                    self.emit(depth + i, pragma)
+            self.emit(depth + i, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
+        inner = depth + len(syms)
+        for s in stage.body:
+            self.stmt(s, inner)
+        for i in reversed(range(len(syms))):
+            self.emit(depth + i, "}")
+
+    def render(self) -> str:
+        kern = self.k
+        params = ", ".join(
+            f"{'' if p.is_output else 'const '}{STORAGE_TYPE[p.dtype]}* __restrict__ {p.name}"
+            for p in kern.params)
+        for p in kern.params:
+            if p.dtype not in STORAGE_TYPE:
+                raise CppUnsupported(f"dtype {p.dtype}")
+        self.emit(0, f'extern "C" void {kern.name}({params}) {{')
+        work = kern.outer_numel * max(kern.reduce_numel, 1)
+        parallel = work >= PARALLEL_MIN_WORK and kern.outer_numel > 1
+        outer = list(kern.outer)
+        pointwise = not kern.reduce
+        simd_outer = outer[-1:] if pointwise and outer else []
+        par_dims = outer[:-1] if simd_outer else outer
+        depth = 1
+        if parallel and par_dims:
+            collapse = f" collapse({len(par_dims)})" if len(par_dims) > 1 else ""
+            self.emit(depth, f"#pragma omp parallel for{collapse}")
+        elif parallel and simd_outer:
+            self.emit(depth, "#pragma omp parallel for simd")
+        for sym in par_dims:
+            self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
+            depth += 1
+        if simd_outer:
+            if par_dims or not parallel:
+                self.emit(depth, "#pragma omp simd")
+            sym = simd_outer[0]
+            self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
+            depth += 1
+        for stage in kern.stages:
+            if stage.loop and kern.reduce:
+                self.loop_stage(stage, depth)
+            else:
+                for s in stage.body:
+                    self.stmt(s, depth)
+        for _ in range(len(par_dims) + len(simd_outer)):
+            depth -= 1
+            self.emit(depth, "}")
+        self.emit(0, "}")
+        return "\n".join(self.lines)
+
+
+def render_kernel(kernel: k.Kernel) -> str:
+    """The kernel as a C++ function (without the prelude)."""
+    return _Renderer(kernel).render()
+
+
+def render_source(kernel: k.Kernel) -> str:
+    return PRELUDE + "\n" + render_kernel(kernel) + "\n"

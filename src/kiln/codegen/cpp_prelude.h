@@ -1,0 +1,67 @@
+// kiln C++ kernel prelude: scalar helpers with PyTorch's semantics (NaN, signed zero,
+// integer division by zero) that the compiler can still vectorize.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+// glibc's vector math library provides SIMD versions of these; declaring them lets the
+// compiler vectorize loops that call them without -ffast-math (which would break NaN/inf).
+extern "C" {
+#define KILN_SIMD __attribute__((simd("notinbranch")))
+KILN_SIMD float expf(float); KILN_SIMD float logf(float); KILN_SIMD float sinf(float);
+KILN_SIMD float cosf(float); KILN_SIMD float tanhf(float); KILN_SIMD float expm1f(float);
+KILN_SIMD float log1pf(float); KILN_SIMD float erff(float); KILN_SIMD float powf(float, float);
+KILN_SIMD float exp2f(float); KILN_SIMD float log2f(float); KILN_SIMD float log10f(float);
+KILN_SIMD float tanf(float); KILN_SIMD float atanf(float); KILN_SIMD float erfcf(float);
+KILN_SIMD double exp(double); KILN_SIMD double log(double); KILN_SIMD double tanh(double);
+}
+
+static inline float kiln_from_bf16(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint16_t kiln_to_bf16(float f) {
+  if (f != f) return 0x7fc0;
+  uint32_t u; std::memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return (uint16_t)(u >> 16);
+}
+static inline float kiln_round_bf16(float f) { return kiln_from_bf16(kiln_to_bf16(f)); }
+static inline float kiln_round_f16(float f) { return (float)(_Float16)f; }
+
+template <typename T> static inline T kiln_maximum(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
+template <typename T> static inline T kiln_minimum(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
+
+static inline int64_t kiln_floordiv(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  int64_t q = a / b;
+  return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+template <typename T> static inline T kiln_floordiv_fp(T a, T b) {
+  if (b == 0) return a / b;
+  T mod = std::fmod(a, b);
+  T div = (a - mod) / b;
+  if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;
+  T fl;
+  if (div != 0) { fl = std::floor(div); if (div - fl > T(0.5)) fl += 1; }
+  else fl = std::copysign(T(0), a / b);
+  return fl;
+}
+static inline int64_t kiln_truncdiv(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
+static inline int64_t kiln_remainder(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  int64_t r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <typename T> static inline T kiln_remainder_fp(T a, T b) {
+  T r = std::fmod(a, b);
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline int64_t kiln_fmod(int64_t a, int64_t b) { return b == 0 ? 0 : a % b; }
+static inline int64_t kiln_pow(int64_t a, int64_t b) {
+  if (b < 0) return (a == 1) ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+  int64_t r = 1;
+  while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
+  return r;
+}
+template <typename T> static inline T kiln_sign(T a) { return (a != a) ? a : (T)((a > 0) - (a < 0)); }
+template <typename T> static inline T kiln_sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
+static inline float kiln_sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }

@@ -1,0 +1,153 @@
+"""The host program: Python source that allocates buffers, calls kernels and ATen ops in
+schedule order, reuses the memory of buffers that are no longer needed, and returns the
+outputs with eager's sizes, strides and dtypes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+from kiln.ir.kernel import Kernel
+from kiln.ir.tensor import ArgRef, Node, Op
+from kiln.passes.fusion import KernelPlan, Schedule
+
+
+@dataclass
+class HostProgram:
+    source: str
+    globals: dict[str, Any] = field(default_factory=dict)
+
+    def load(self) -> Callable[[list], list]:
+        scope = dict(self.globals)
+        exec(compile(self.source, "<kiln host program>", "exec"), scope)
+        return scope["call"]
+
+
+def _extern_caller(node: Node) -> Callable:
+    target, args_t, kwargs_t = node.attrs[0], node.attrs[1], node.attrs[2]
+
+    def call(*tensors):
+        fill = lambda a: tensors[a.index] if isinstance(a, ArgRef) else a  # noqa: E731
+        return target(*tree_map(fill, args_t), **tree_map(fill, kwargs_t))
+
+    call.__name__ = str(target)
+    return call
+
+
+def _restride(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """An ATen result in the layout kernels were compiled for (copying only if it differs)."""
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_names: dict[Node, str],
+                       layouts, device: torch.device) -> HostProgram:
+    graph = schedule.graph
+    g: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
+                         "as_strided": torch.as_strided, "restride": _restride}
+    lines = ["def call(args):"]
+    names = [f"arg{i}" for i in range(graph.num_inputs)]
+    if names:
+        lines.append(f"    {', '.join(names)}, = args")
+    lines.append("    args.clear()")
+
+    # Last step at which each buffer is read, to free or reuse it afterwards.
+    outputs = set(graph.output_nodes())
+    last_use: dict[Node, int] = {}
+    reads_by_step: list[set[Node]] = []
+    for k, step in enumerate(schedule.steps):
+        reads = _step_reads(step, schedule, kernels, buffer_names)
+        reads_by_step.append(reads)
+        for r in reads:
+            last_use[r] = k
+    free: dict[tuple, list[str]] = {}
+    kernel_consumed = {r for k, step in enumerate(schedule.steps) if isinstance(step, KernelPlan)
+                       for r in reads_by_step[k]}
+    # An ATen op may return a view of its argument: such memory is never handed out again.
+    extern_read = {r for k, step in enumerate(schedule.steps) if not isinstance(step, KernelPlan)
+                   for r in reads_by_step[k]}
+
+    def alloc(node: Node) -> str:
+        name = buffer_names[node]
+        stride = layouts(node)
+        key = (node.dtype, _extent(node.shape, stride))
+        if node not in outputs and free.get(key):
+            old = free[key].pop()
+            lines.append(f"    {name} = as_strided({old}, {node.shape}, {stride})  # reuses {old}")
+        else:
+            lines.append(f"    {name} = empty_strided({node.shape}, {stride}, dtype={node.dtype}, "
+                         f"device='{device}')")
+        return name
+
+    for k, step in enumerate(schedule.steps):
+        if isinstance(step, KernelPlan):
+            kern = kernels[id(step)]
+            for root in step.roots:
+                alloc(root)
+            if kern.outer_numel * max(kern.reduce_numel, 1) > 0 or kern.reduce:
+                g[kern.name] = None  # filled in with the compiled function
+                ptrs = ", ".join(f"{p.name}.data_ptr()" for p in kern.params)
+                lines.append(f"    {kern.name}({ptrs})")
+        elif step.op is Op.EXTERN:
+            fname = f"extern{step.id}"
+            g[fname] = _extern_caller(step)
+            argnames = []
+            for i in step.inputs:
+                if i in schedule.aliases:
+                    a = schedule.aliases[i]
+                    base = buffer_names[a.base]
+                    lines.append(f"    view{i.id} = as_strided({base}, {a.shape}, {a.stride}, "
+                                 f"{base}.storage_offset() + {a.offset})")
+                    argnames.append(f"view{i.id}")
+                else:
+                    argnames.append(buffer_names[i])
+            name = buffer_names[step]
+            lines.append(f"    {name} = {fname}({', '.join(argnames)})")
+            if step.attrs[5] and step in kernel_consumed:
+                stride = layouts(step)
+                lines.append(f"    if {name}.stride() != {stride}: {name} = restride({name}, {stride})")
+        elif step.op is Op.ITEM:
+            name = buffer_names[step]
+            lines.append(f"    {name} = {buffer_names[step.inputs[0]]}[{step.attrs[0]}]")
+            if step in kernel_consumed:
+                stride = layouts(step)
+                lines.append(f"    if {name}.stride() != {stride}: {name} = restride({name}, {stride})")
+        # release what this step read for the last time
+        for r in sorted(reads_by_step[k], key=lambda n: n.id):
+            if last_use.get(r) == k and r not in outputs and r.op not in (Op.INPUT,):
+                if r.op in (Op.EXTERN, Op.ITEM) or r in extern_read:
+                    lines.append(f"    del {buffer_names[r]}")
+                else:
+                    free.setdefault((r.dtype, _extent(r.shape, layouts(r))), []).append(buffer_names[r])
+    rets = []
+    for o in graph.outputs:
+        if isinstance(o, Node):
+            rets.append(buffer_names[o])
+        else:
+            g_name = f"const{len(g)}"
+            g[g_name] = o
+            rets.append(g_name)
+    lines.append(f"    return [{', '.join(rets)}]")
+    return HostProgram("\n".join(lines) + "\n", g)
+
+
+def _extent(shape, stride) -> int:
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+
+
+def _step_reads(step, schedule: Schedule, kernels, buffer_names) -> set[Node]:
+    if isinstance(step, KernelPlan):
+        kern = kernels[id(step)]
+        by_name = {v: n for n, v in buffer_names.items()}
+        return {by_name[p.name] for p in kern.params if not p.is_output}
+    reads = set()
+    for i in step.inputs:
+        reads.add(schedule.aliases[i].base if i in schedule.aliases else i)
+    return reads

@@ -1,0 +1,64 @@
+"""The Dynamo backend: AOTAutograd with kiln's decompositions, then kiln's compiler on the
+forward (and backward) ATen graphs. Whatever kiln cannot compile runs in ATen, with a
+warning that says why; a user's program never fails inside kiln."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+from kiln.frontend.decompositions import decomposition_table
+from kiln.options import Options, env_debug
+
+log = logging.getLogger("kiln")
+
+# Reports of the graphs compiled in this process, newest last (read by `kiln explain`).
+REPORTS: list = []
+
+
+def _unsupported_reason(example_inputs: list[Any]) -> str | None:
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            return "dynamic shapes are not compiled yet"
+        if isinstance(x, torch.Tensor):
+            if x.device.type != "cpu":
+                return f"tensors on {x.device.type} are not compiled yet"
+            if any(isinstance(s, torch.SymInt) for s in x.shape):
+                return "dynamic shapes are not compiled yet"
+            if x.is_complex() or x.is_sparse or x.is_quantized:
+                return f"{x.dtype} / {x.layout} tensors are not compiled"
+    return None
+
+
+def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: Options) -> Callable:
+    """Compile one ATen graph; on any failure, return the graph itself (runs in ATen)."""
+    reason = _unsupported_reason(example_inputs)
+    if reason is None:
+        try:
+            from kiln.passes.pipeline import compile_graph
+
+            fn, report = compile_graph(gm, example_inputs)
+            REPORTS.append(report)
+            fn._boxed_call = True
+            return fn
+        except Exception as e:  # noqa: BLE001 - the user's program must still run
+            if env_debug():
+                raise
+            reason = f"{type(e).__name__}: {e}"
+    log.warning("kiln: graph runs in ATen: %s", reason)
+    return make_boxed_func(gm.forward)
+
+
+def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options | None = None) -> Callable:
+    """torch.compile(model, backend="kiln")."""
+    options = options or Options()
+
+    def compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
+        return compile_aten_graph(g, inputs, options)
+
+    return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler,
+                                 decompositions=decomposition_table())

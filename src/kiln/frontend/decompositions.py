@@ -1,0 +1,40 @@
+"""The decomposition table kiln hands AOTAutograd.
+
+Start from PyTorch's core-ATen decompositions, add those of composite ops whose parts
+kiln fuses better than a monolithic kernel (softmax, norms, activations), and keep whole
+the ops kiln lowers natively or that are best left to vendor libraries.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+# Composite ops turned into element-wise math and reductions that fuse.
+DECOMPOSE = [
+    aten._softmax, aten._log_softmax, aten.gelu, aten.silu, aten.softplus, aten.mish,
+    aten.hardsigmoid, aten.hardswish, aten.hardtanh, aten.elu, aten.leaky_relu, aten.logsumexp,
+    aten.native_layer_norm, aten.native_group_norm, aten._softmax_backward_data,
+    aten._log_softmax_backward_data, aten.gelu_backward, aten.silu_backward, aten.std_mean,
+    aten.addcmul, aten.addcdiv, aten.glu, aten.threshold, aten.mse_loss, aten.logaddexp,
+    aten._native_batch_norm_legit_no_training, aten.native_batch_norm, aten.nll_loss_forward,
+    aten.rsub, aten.lerp, aten.frac, aten.nan_to_num, aten.softshrink, aten.hardshrink,
+]
+
+# Ops kiln lowers itself (a decomposition would only make the graph longer) or leaves to
+# ATen on purpose (matmul and convolution go to the vendor libraries).
+KEEP = [aten.var.correction, aten.var_mean.correction, aten.std.correction, aten.embedding.default,
+        aten.index_select.default, aten.addmm.default, aten.mm.default, aten.bmm.default]
+
+
+@functools.cache
+def decomposition_table() -> dict:
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions(DECOMPOSE))
+    for op in KEEP:
+        table.pop(op, None)
+    return table

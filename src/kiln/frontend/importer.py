@@ -1,0 +1,120 @@
+"""FX graph of ATen ops -> kiln tensor graph (level 1).
+
+Each call is lowered through the registry; a call with no lowering, or whose lowering
+declines, becomes an EXTERN node that runs the ATen op itself, with the reason kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten, tree_map
+
+from kiln.ir.tensor import ArgRef, Builder, Graph, Layout, Node, Op
+from kiln.lower.context import LowerCtx
+from kiln.lower.core import Unsupported, cast
+from kiln.lower.registry import lookup
+
+log = logging.getLogger("kiln")
+
+
+def _layouts(val: Any) -> tuple:
+    if isinstance(val, torch.Tensor):
+        return (Layout(tuple(val.shape), tuple(val.stride()), val.dtype),)
+    if isinstance(val, (tuple, list)):
+        return tuple(_layouts(v)[0] if isinstance(v, torch.Tensor) else None for v in val)
+    return (None,)
+
+
+def _extern(b: Builder, target, args, kwargs, val, reason: str) -> Node:
+    inputs: list[Node] = []
+
+    def ref(a):
+        if isinstance(a, Node):
+            inputs.append(a)
+            return ArgRef(len(inputs) - 1)
+        return a
+
+    args_t = tree_map(ref, args)
+    kwargs_t = tree_map(ref, kwargs)
+    layouts = _layouts(val)
+    single = isinstance(val, torch.Tensor)
+    shape = tuple(val.shape) if single else ()
+    dtype = val.dtype if single else torch.float32
+    attrs = (target, args_t, kwargs_t, layouts, reason, single)
+    return b.make(Op.EXTERN, tuple(inputs), attrs, shape, dtype)
+
+
+def _check(result: Node, val: torch.Tensor, b: Builder) -> Node:
+    if tuple(result.shape) != tuple(val.shape):
+        raise Unsupported(f"lowering produced shape {result.shape}, ATen gives {tuple(val.shape)}")
+    return cast(b, result, val.dtype)
+
+
+def import_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Graph, dict[str, str]]:
+    """Returns the tensor graph and, for each fallback op, why it was not lowered."""
+    b = Builder()
+    env: dict[fx.Node, Any] = {}
+    fallbacks: dict[str, str] = {}
+    position = 0
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            ex = example_inputs[position]
+            if isinstance(ex, torch.Tensor):
+                env[n] = b.make(Op.INPUT, (), (position, tuple(ex.stride())), tuple(ex.shape), ex.dtype)
+            else:
+                env[n] = ex
+            position += 1
+        elif n.op == "call_function":
+            env[n] = _lower_call(b, n, env, fallbacks)
+        elif n.op == "output":
+            fx_outs = tree_flatten(n.args[0])[0]
+            outs = [env[a] if isinstance(a, fx.Node) else a for a in fx_outs]
+            graph = b.finish(outs, position)
+            graph.output_strides = [
+                tuple(a.meta["val"].stride()) if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+                else None
+                for a in fx_outs
+            ]
+            return graph, fallbacks
+        else:
+            raise Unsupported(f"FX node kind {n.op} is not handled")
+    raise Unsupported("FX graph has no output")
+
+
+def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str]) -> Any:
+    args = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.args)
+    kwargs = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.kwargs)
+    val = n.meta.get("val")
+    if n.target is operator.getitem:
+        src, k = args
+        if isinstance(src, Node) and src.op is Op.EXTERN:
+            layout = src.attrs[3][k]
+            return b.make(Op.ITEM, (src,), (k,), layout.shape, layout.dtype)
+        return src[k]
+    name = str(n.target)
+    fn = lookup(n.target)
+    reason = "no kiln lowering for this op"
+    if fn is not None:
+        single = isinstance(val, torch.Tensor)
+        ctx = LowerCtx(b, n.target, tuple(val.shape) if single else None, val.dtype if single else None)
+        try:
+            result = fn(ctx, *args, **kwargs)
+            if single:
+                return _check(result, val, b)
+            if isinstance(val, (tuple, list)) and isinstance(result, (tuple, list)):
+                return tuple(_check(r, v, b) for r, v in zip(result, val))
+            return result
+        except Unsupported as e:
+            reason = str(e)
+        except Exception as e:  # a lowering bug must not break the user's program
+            reason = f"lowering failed: {type(e).__name__}: {e}"
+            log.warning("kiln: lowering of %s failed (%s); using ATen", name, reason)
+    if name not in fallbacks:
+        log.info("kiln: %s runs in ATen: %s", name, reason)
+    fallbacks[name] = reason
+    return _extern(b, n.target, args, kwargs, val, reason)

@@ -1,0 +1,155 @@
+"""kiln IR level 2: kernels as explicit data that every code generator renders.
+
+A kernel iterates an outer domain (the parallel dimensions x0, x1, ...). Inside, it runs
+stages in order. A loop stage iterates the reduction domain (r0, r1, ...) and may
+accumulate reductions; a row stage runs once per outer point (after the reductions it reads).
+Values are named SSA-style; an accumulator becomes a plain value after its stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+
+from kiln.ir.index import Expr, Sym
+
+
+@dataclass(frozen=True)
+class Load:
+    out: str
+    buf: str
+    index: Expr
+    dtype: torch.dtype  # the buffer's storage dtype
+    mask: str | None = None  # when false, the load is skipped and yields 0
+
+
+@dataclass(frozen=True)
+class Const:
+    out: str
+    value: float | int | bool
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class IndexValue:
+    """The value of an index expression, as an int64."""
+
+    out: str
+    index: Expr
+
+
+@dataclass(frozen=True)
+class InBounds:
+    """bool: 0 <= index < size."""
+
+    out: str
+    index: Expr
+    size: int
+
+
+@dataclass(frozen=True)
+class Compute:
+    out: str
+    fn: str
+    args: tuple[str, ...]
+    dtype: torch.dtype  # the result's storage dtype; bf16/f16 are computed in float32
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """Accumulate value into out over the loop stage. For argmax/argmin, index is the
+    position within the reduction domain, and out holds the winning index."""
+
+    out: str
+    kind: str
+    value: str
+    dtype: torch.dtype  # of the value being reduced
+    index: Expr | None = None
+
+
+@dataclass(frozen=True)
+class Store:
+    buf: str
+    index: Expr
+    value: str
+    dtype: torch.dtype  # the buffer's storage dtype
+
+
+Stmt = Union[Load, Const, IndexValue, InBounds, Compute, Reduce, Store]
+
+
+@dataclass(frozen=True)
+class Stage:
+    loop: bool  # True: runs over the reduction domain; False: once per outer point
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    dtype: torch.dtype
+    is_output: bool
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    outer: tuple[Sym, ...]
+    reduce: tuple[Sym, ...]
+    params: tuple[Param, ...]
+    stages: tuple[Stage, ...]
+
+    @property
+    def outer_numel(self) -> int:
+        n = 1
+        for s in self.outer:
+            n *= s.extent
+        return n
+
+    @property
+    def reduce_numel(self) -> int:
+        n = 1
+        for s in self.reduce:
+            n *= s.extent
+        return n
+
+    @property
+    def is_reduction(self) -> bool:
+        return any(isinstance(s, Reduce) for st in self.stages for s in st.body)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The type a value is held in while computing: low-precision floats widen to float32."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def _stmt_str(s: Stmt) -> str:
+    if isinstance(s, Load):
+        mask = f", mask={s.mask}" if s.mask else ""
+        return f"{s.out} = load {s.buf}[{s.index}]{mask}"
+    if isinstance(s, Const):
+        return f"{s.out} = const {s.value!r} : {s.dtype}"
+    if isinstance(s, IndexValue):
+        return f"{s.out} = index {s.index}"
+    if isinstance(s, InBounds):
+        return f"{s.out} = 0 <= {s.index} < {s.size}"
+    if isinstance(s, Compute):
+        return f"{s.out} = {s.fn}({', '.join(s.args)}) : {s.dtype}"
+    if isinstance(s, Reduce):
+        at = f" at {s.index}" if s.index is not None else ""
+        return f"{s.out} = reduce.{s.kind}({s.value}){at}"
+    return f"store {s.buf}[{s.index}] = {s.value}"
+
+
+def kernel_str(k: Kernel) -> str:
+    dims = lambda syms: ", ".join(f"{s.name} < {s.extent}" for s in syms)  # noqa: E731
+    params = ", ".join(f"{'out ' if p.is_output else ''}{p.name}: {p.dtype}" for p in k.params)
+    lines = [f"kernel {k.name}({params})", f"  outer: {dims(k.outer) or '()'}"]
+    if k.reduce:
+        lines.append(f"  reduce: {dims(k.reduce)}")
+    for i, st in enumerate(k.stages):
+        lines.append(f"  stage {i} ({'loop' if st.loop else 'row'}):")
+        lines.extend(f"    {_stmt_str(s)}" for s in st.body)
+    return "\n".join(lines)

@@ -1,0 +1,205 @@
+"""kiln IR level 1: a graph of operations on shaped, typed tensors.
+
+Element-wise math, views and gathers are index maps and expressions, not copies: the
+scheduler decides later which nodes become stored buffers. Nodes are immutable; a pass
+builds a new graph through a Builder, which hash-conses nodes (structural CSE for free).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kiln.ir.index import Expr, Sym
+
+
+class Op(enum.Enum):
+    INPUT = "input"  # attrs: (position, strides)
+    CONSTANT = "constant"  # attrs: (value,) broadcast to shape
+    IOTA = "iota"  # attrs: (dim, start, step): start + step * index[dim]
+    POINTWISE = "pointwise"  # attrs: (fn,) applied element by element to same-shaped inputs
+    VIEW = "view"  # attrs: (index_map, valid, fill): out[i] = src[map(i)] if valid(i) else fill
+    GATHER = "gather"  # attrs: (index_map,) map may use symbols v0.. = inputs[1..][i]
+    REDUCE = "reduce"  # attrs: (kind, axes): reduce inputs[0] over axes (dropped)
+    EXTERN = "extern"  # attrs: (target, args, kwargs, layouts, reason): an ATen call
+    ITEM = "item"  # attrs: (k,): the k-th result of a multi-output EXTERN
+
+
+MATERIALIZED = (Op.INPUT, Op.EXTERN, Op.ITEM)
+
+
+def dim_syms(shape: tuple[int, ...], prefix: str = "d") -> tuple[Sym, ...]:
+    return tuple(Sym(f"{prefix}{i}", n) for i, n in enumerate(shape))
+
+
+def value_sym(k: int) -> Sym:
+    """The value of a gather's k-th index input, at the output index."""
+    return Sym(f"v{k}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class ArgRef:
+    """A tensor argument of an EXTERN call: inputs[index] of the node."""
+
+    index: int
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    id: int
+    op: Op
+    inputs: tuple[Node, ...]
+    attrs: tuple[Any, ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    meta: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __hash__(self) -> int:
+        return self.id
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def fn(self) -> str:
+        assert self.op is Op.POINTWISE
+        return self.attrs[0]
+
+    def __repr__(self) -> str:
+        return f"%{self.id}"
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {
+        torch.float32: "f32",
+        torch.float64: "f64",
+        torch.float16: "f16",
+        torch.bfloat16: "bf16",
+        torch.int64: "i64",
+        torch.int32: "i32",
+        torch.int16: "i16",
+        torch.int8: "i8",
+        torch.uint8: "u8",
+        torch.bool: "b8",
+    }.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def type_str(node: Node) -> str:
+    return f"{_dtype_name(node.dtype)}[{', '.join(map(str, node.shape))}]"
+
+
+def _attr_str(node: Node) -> str:
+    a = node.attrs
+    if node.op is Op.VIEW:
+        index_map, valid, fill = a
+        text = "[" + ", ".join(map(str, index_map)) + "]"
+        if valid:
+            conds = " and ".join(f"0 <= {e} < {n}" for e, n in valid)
+            text += f" if {conds} else {fill}"
+        return text
+    if node.op is Op.GATHER:
+        return "[" + ", ".join(map(str, a[0])) + "]"
+    if node.op is Op.EXTERN:
+        target, args, kwargs, _layouts, _reason = a
+        return f"{target}"
+    if node.op is Op.INPUT:
+        return f"{a[0]}, stride={list(a[1])}"
+    return ", ".join(str(x) for x in a)
+
+
+def node_str(node: Node) -> str:
+    ins = ", ".join(repr(i) for i in node.inputs)
+    attrs = _attr_str(node)
+    name = node.op.value + (f".{node.attrs[0]}" if node.op in (Op.POINTWISE, Op.REDUCE) else "")
+    body = ", ".join(x for x in (ins, attrs if node.op not in (Op.POINTWISE,) else "") if x)
+    if node.op is Op.REDUCE:
+        body = f"{ins}, axes={list(node.attrs[1])}"
+    return f"{node!r} = {name}({body}) : {type_str(node)}"
+
+
+@dataclass
+class Graph:
+    """Nodes in topological order plus the graph's outputs (tensors or None/ints)."""
+
+    nodes: list[Node]
+    outputs: list[Any]
+    num_inputs: int
+    output_strides: list[tuple[int, ...] | None] = field(default_factory=list)  # as eager returns them
+
+    def __str__(self) -> str:
+        lines = [node_str(n) for n in self.nodes]
+        outs = ", ".join(repr(o) for o in self.outputs)
+        lines.append(f"return ({outs})")
+        return "\n".join(lines)
+
+    def users(self) -> dict[Node, list[Node]]:
+        out: dict[Node, list[Node]] = {n: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                out[i].append(n)
+        return out
+
+    def output_nodes(self) -> list[Node]:
+        return [o for o in self.outputs if isinstance(o, Node)]
+
+
+class Builder:
+    """Creates nodes, reusing an existing node when an identical one was made already."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self._seen: dict[tuple, Node] = {}
+
+    def make(
+        self,
+        op: Op,
+        inputs: tuple[Node, ...],
+        attrs: tuple,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        meta: dict | None = None,
+    ) -> Node:
+        shape = tuple(int(s) for s in shape)
+        key = (op, tuple(i.id for i in inputs), attrs, shape, dtype)
+        pure = op not in (Op.EXTERN, Op.INPUT)  # externs may be random or effectful
+        if pure:
+            try:
+                hit = self._seen.get(key)
+            except TypeError:  # unhashable attrs: no sharing
+                hit, pure = None, False
+            if hit is not None:
+                return hit
+        node = Node(len(self.nodes), op, tuple(inputs), attrs, shape, dtype, meta or {})
+        self.nodes.append(node)
+        if pure:
+            self._seen[key] = node
+        return node
+
+    def finish(self, outputs: list[Any], num_inputs: int, output_strides=None) -> Graph:
+        return Graph(list(self.nodes), list(outputs), num_inputs, list(output_strides or []))
+
+
+def index_map_of_view(node: Node) -> tuple[Expr, ...]:
+    return node.attrs[0]

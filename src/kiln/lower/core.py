@@ -1,0 +1,254 @@
+"""Constructors of level-1 nodes that lowerings share: broadcasting, type promotion,
+views as index maps, element-wise functions and reductions."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from kiln.ir import index as ix
+from kiln.ir.index import Expr
+from kiln.ir.ops import FLOAT_ONLY, POINTWISE_FNS, PREDICATES
+from kiln.ir.tensor import Builder, Node, Op, dim_syms
+
+
+class Unsupported(Exception):
+    """A lowering cannot handle this call; the op runs in ATen instead (reason = message)."""
+
+
+Scalar = int | float | bool
+
+
+# ----------------------------------------------------------------------------- scalars
+def constant(b: Builder, value: Scalar, dtype: torch.dtype, shape: tuple[int, ...] = ()) -> Node:
+    if dtype.is_floating_point:
+        value = float(value)
+    elif dtype is torch.bool:
+        value = bool(value)
+    else:
+        value = int(value)
+    return b.make(Op.CONSTANT, (), (value,), shape, dtype)
+
+
+def scalar_dtype(v: Scalar) -> torch.dtype:
+    if isinstance(v, bool):
+        return torch.bool
+    if isinstance(v, int):
+        return torch.int64
+    return torch.get_default_dtype()
+
+
+def promote(*args: Node | Scalar) -> torch.dtype:
+    """PyTorch's type promotion: dimensioned tensors > 0-d tensors > Python scalars."""
+    dummies = [torch.empty(() if a.shape == () else (0,), dtype=a.dtype) if isinstance(a, Node) else a
+               for a in args]
+    _, result = elementwise_dtypes(*dummies, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.NO_OPMATH)
+    return result
+
+
+# ----------------------------------------------------------------------------- views
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
+    return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
+
+
+def view(b: Builder, src: Node, index_map: Sequence[Expr], shape: Sequence[int],
+         valid: tuple = (), fill: Scalar = 0) -> Node:
+    """out[d] = src[index_map(d)]; composes with a view below it (views of views stay one map)."""
+    shape = tuple(int(s) for s in shape)
+    index_map = tuple(index_map)
+    out_syms = dim_syms(shape)
+    if not valid and index_map == tuple(ix.as_expr(s) for s in out_syms) and shape == src.shape:
+        return src
+    if src.op is Op.VIEW:
+        inner_map, inner_valid, inner_fill = src.attrs
+        if not inner_valid or not valid or inner_fill == fill:
+            mapping = dict(zip(dim_syms(src.shape), index_map))
+            composed = tuple(ix.substitute(e, mapping) for e in inner_map)
+            inner_valid = tuple((ix.substitute(e, mapping), n) for e, n in inner_valid)
+            fill = fill if valid else inner_fill
+            return view(b, src.inputs[0], composed, shape, tuple(valid) + inner_valid, fill)
+    if src.op is Op.CONSTANT and not valid:
+        return b.make(Op.CONSTANT, (), src.attrs, shape, src.dtype)
+    return b.make(Op.VIEW, (src,), (index_map, tuple(valid), fill), shape, src.dtype)
+
+
+def expand(b: Builder, x: Node, shape: Sequence[int]) -> Node:
+    shape = tuple(int(s) for s in shape)
+    if x.shape == shape:
+        return x
+    syms = dim_syms(shape)
+    off = len(shape) - len(x.shape)
+    index_map = [ix.as_expr(syms[off + i]) if n == shape[off + i] else ix.as_expr(0)
+                 for i, n in enumerate(x.shape)]
+    return view(b, x, index_map, shape)
+
+
+def permute(b: Builder, x: Node, perm: Sequence[int]) -> Node:
+    perm = [p % max(len(x.shape), 1) for p in perm]
+    shape = tuple(x.shape[p] for p in perm)
+    syms = dim_syms(shape)
+    index_map: list[Expr] = [ix.as_expr(0)] * len(x.shape)
+    for j, p in enumerate(perm):
+        index_map[p] = ix.as_expr(syms[j])
+    return view(b, x, index_map, shape)
+
+
+def reshape(b: Builder, x: Node, shape: Sequence[int]) -> Node:
+    shape = list(int(s) for s in shape)
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = x.numel // known if known else 0
+    shape = tuple(shape)
+    if math.prod(shape) != x.numel:
+        raise Unsupported(f"reshape of {x.shape} to {shape} changes the element count")
+    if shape == x.shape:
+        return x
+    out = dim_syms(shape)
+    index_map: list[Expr] = [ix.as_expr(0)] * len(x.shape)
+    # Walk both shapes in groups of equal element count: a split or a merge needs no
+    # division across the whole tensor, only within its group.
+    i = j = 0
+    while i < len(x.shape) or j < len(shape):
+        gi, gj = [i], [j]
+        pi = x.shape[i] if i < len(x.shape) else 1
+        pj = shape[j] if j < len(shape) else 1
+        while pi != pj:
+            if pi < pj:
+                i += 1
+                gi.append(i)
+                pi *= x.shape[i]
+            else:
+                j += 1
+                gj.append(j)
+                pj *= shape[j]
+        gi = [k for k in gi if k < len(x.shape)]
+        gj = [k for k in gj if k < len(shape)]
+        linear = ix.as_expr(0)
+        for k in gj:
+            linear = linear * shape[k] + ix.as_expr(out[k])
+        stride = 1
+        for k in reversed(gi):
+            index_map[k] = ix.mod(ix.floordiv(linear, stride), x.shape[k])
+            stride *= x.shape[k]
+        i, j = (gi[-1] + 1 if gi else i + 1), (gj[-1] + 1 if gj else j + 1)
+        if pi == 0:  # empty tensors: nothing to index
+            break
+    return view(b, x, index_map, shape)
+
+
+def slice_(b: Builder, x: Node, dim: int, start: int, end: int, step: int = 1) -> Node:
+    dim %= len(x.shape)
+    n = x.shape[dim]
+    start, end, _ = slice(start, end, step).indices(n) if step > 0 else (start, end, step)
+    length = max(0, (end - start + step - 1) // step)
+    shape = list(x.shape)
+    shape[dim] = length
+    syms = dim_syms(tuple(shape))
+    index_map = [ix.as_expr(s) for s in syms]
+    index_map[dim] = ix.as_expr(syms[dim]) * step + start
+    return view(b, x, index_map, shape)
+
+
+def select(b: Builder, x: Node, dim: int, index: int) -> Node:
+    dim %= len(x.shape)
+    index %= x.shape[dim]
+    shape = x.shape[:dim] + x.shape[dim + 1:]
+    syms = [ix.as_expr(s) for s in dim_syms(shape)]
+    index_map = syms[:dim] + [ix.as_expr(index)] + syms[dim:]
+    return view(b, x, index_map, shape)
+
+
+def unsqueeze(b: Builder, x: Node, dim: int) -> Node:
+    dim %= len(x.shape) + 1
+    return reshape(b, x, x.shape[:dim] + (1,) + x.shape[dim:])
+
+
+def squeeze(b: Builder, x: Node, dims: Sequence[int] | None) -> Node:
+    if dims is None:
+        dims = range(len(x.shape))
+    dims = {d % max(len(x.shape), 1) for d in dims}
+    shape = tuple(s for i, s in enumerate(x.shape) if not (i in dims and s == 1))
+    return reshape(b, x, shape)
+
+
+def pad(b: Builder, x: Node, pads: Sequence[int], fill: Scalar) -> Node:
+    """constant_pad_nd: pads pairs (left, right) from the last dimension backwards."""
+    shape = list(x.shape)
+    lefts = [0] * len(shape)
+    for k in range(len(pads) // 2):
+        d = len(shape) - 1 - k
+        left, right = pads[2 * k], pads[2 * k + 1]
+        lefts[d] = left
+        shape[d] = shape[d] + left + right
+    if any(s < 0 for s in shape):
+        raise Unsupported("padding removes more than the whole dimension")
+    syms = dim_syms(tuple(shape))
+    index_map = [ix.as_expr(s) - lefts[d] for d, s in enumerate(syms)]
+    valid = tuple((e, x.shape[d]) for d, e in enumerate(index_map) if e.bounds() is None
+                  or e.bounds()[0] < 0 or e.bounds()[1] >= x.shape[d])
+    return view(b, x, index_map, shape, valid, fill)
+
+
+# ----------------------------------------------------------------------------- math
+def cast(b: Builder, x: Node, dtype: torch.dtype) -> Node:
+    if x.dtype == dtype:
+        return x
+    if x.op is Op.CONSTANT:
+        return constant(b, x.attrs[0], dtype, x.shape)
+    return b.make(Op.POINTWISE, (x,), ("cast",), x.shape, dtype)
+
+
+def as_node(b: Builder, v: Node | Scalar, dtype: torch.dtype) -> Node:
+    return v if isinstance(v, Node) else constant(b, v, dtype)
+
+
+def pointwise(b: Builder, fn: str, *args: Node | Scalar, out_dtype: torch.dtype | None = None) -> Node:
+    """Broadcast, promote, apply fn. Comparisons return bool; FLOAT_ONLY fns promote ints."""
+    spec = POINTWISE_FNS[fn]
+    if len(args) != spec.arity:
+        raise Unsupported(f"{fn} takes {spec.arity} operands, got {len(args)}")
+    operands = args[1:] if fn == "where" else args
+    compute = promote(*operands)
+    if fn in FLOAT_ONLY and not (compute.is_floating_point or compute.is_complex):
+        compute = torch.get_default_dtype()
+    if compute.is_complex:
+        raise Unsupported("complex tensors are not lowered")
+    shape = broadcast_shapes(*[a.shape for a in args if isinstance(a, Node)] or [()])
+    nodes = []
+    for k, a in enumerate(args):
+        dtype = torch.bool if (fn == "where" and k == 0) else compute
+        if fn in ("logical_and", "logical_or", "logical_xor", "logical_not"):
+            dtype = torch.bool
+        n = cast(b, as_node(b, a, dtype), dtype)
+        nodes.append(expand(b, n, shape))
+    result_dtype = torch.bool if fn in PREDICATES else compute
+    if fn in ("lshift", "rshift") and compute.is_floating_point:
+        raise Unsupported("shift of floating-point values")
+    out = b.make(Op.POINTWISE, tuple(nodes), (fn,), shape, result_dtype)
+    return cast(b, out, out_dtype) if out_dtype is not None else out
+
+
+def reduce(b: Builder, kind: str, x: Node, dims: Sequence[int] | None, keepdim: bool,
+           out_dtype: torch.dtype) -> Node:
+    ndim = len(x.shape)
+    dims = list(range(ndim)) if dims is None or len(dims) == 0 else sorted({d % max(ndim, 1) for d in dims})
+    if ndim == 0:
+        dims = []
+    if kind in ("sum", "prod") and x.dtype != out_dtype:
+        x = cast(b, x, out_dtype)
+    if kind in ("any", "all"):
+        x = cast(b, x, torch.bool)
+    shape = tuple(s for i, s in enumerate(x.shape) if i not in dims)
+    if dims:
+        out = b.make(Op.REDUCE, (x,), (kind, tuple(dims)), shape, out_dtype)
+    elif kind in ("argmax", "argmin"):
+        out = constant(b, 0, torch.int64, shape)
+    else:
+        out = cast(b, x, out_dtype)
+    if keepdim:
+        kept = tuple(1 if i in dims else s for i, s in enumerate(x.shape))
+        out = reshape(b, out, kept)
+    return out

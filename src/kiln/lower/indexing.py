@@ -1,0 +1,150 @@
+"""Creation, gathers and concatenation: index maps whose indices may come from tensors."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.ir import index as ix
+from kiln.ir.tensor import Node, Op, dim_syms, value_sym
+from kiln.lower import core
+from kiln.lower.context import LowerCtx
+from kiln.lower.core import Unsupported
+from kiln.lower.registry import lowering
+
+aten = torch.ops.aten
+
+
+def _check_device(device) -> None:
+    if device is not None and torch.device(device).type != "cpu":
+        raise Unsupported(f"tensor created on {device}")
+
+
+@lowering(aten.full.default)
+def _full(ctx: LowerCtx, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_device(device)
+    return core.constant(ctx.b, fill_value, ctx.out_dtype, tuple(size))
+
+
+@lowering(aten.scalar_tensor.default)
+def _scalar_tensor(ctx: LowerCtx, value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_device(device)
+    return core.constant(ctx.b, value, ctx.out_dtype, ())
+
+
+@lowering(aten.full_like.default, aten.zeros_like.default, aten.ones_like.default)
+def _full_like(ctx: LowerCtx, x, fill_value=None, **kwargs):
+    _check_device(kwargs.get("device"))
+    if fill_value is None:
+        fill_value = 1 if ctx.target is aten.ones_like.default else 0
+    return core.constant(ctx.b, fill_value, ctx.out_dtype, ctx.out_shape)
+
+
+@lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def _arange(ctx: LowerCtx, *args, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_device(device)
+    start, step = (0, 1)
+    if len(args) >= 2:
+        start = args[0]
+    if len(args) == 3:
+        step = args[2]
+    (n,) = ctx.out_shape
+    return ctx.b.make(Op.IOTA, (), (0, start, step), (n,), ctx.out_dtype)
+
+
+@lowering(torch.ops.prims.iota.default)
+def _iota(ctx: LowerCtx, length, *, start, step, dtype, device, requires_grad):
+    _check_device(device)
+    return ctx.b.make(Op.IOTA, (), (0, start, step), (length,), ctx.out_dtype)
+
+
+def gather(ctx: LowerCtx, src: Node, index_map, indices: list[Node], shape) -> Node:
+    """out[d] = src[index_map(d)], where v_k in the map is indices[k][d] (negatives wrap)."""
+    b = ctx.b
+    shape = tuple(shape)
+    idx_nodes = tuple(core.cast(b, core.expand(b, i, shape), torch.int64) for i in indices)
+    return b.make(Op.GATHER, (src,) + idx_nodes, (tuple(index_map),), shape, src.dtype)
+
+
+@lowering(aten.embedding.default)
+def _embedding(ctx: LowerCtx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    shape = indices.shape + weight.shape[1:]
+    syms = dim_syms(shape)
+    index_map = [ix.as_expr(value_sym(0))] + [ix.as_expr(s) for s in syms[len(indices.shape):]]
+    idx = core.reshape(ctx.b, indices, indices.shape + (1,) * (len(weight.shape) - 1))
+    return gather(ctx, weight, index_map, [idx], shape)
+
+
+@lowering(aten.index_select.default)
+def _index_select(ctx: LowerCtx, x, dim, index):
+    dim %= max(len(x.shape), 1)
+    if not x.shape:
+        raise Unsupported("index_select on a 0-d tensor")
+    shape = x.shape[:dim] + (index.numel,) + x.shape[dim + 1:]
+    syms = [ix.as_expr(s) for s in dim_syms(shape)]
+    index_map = syms[:dim] + [ix.as_expr(value_sym(0))] + syms[dim + 1:]
+    idx = core.reshape(ctx.b, index, (1,) * dim + (index.numel,) + (1,) * (len(shape) - dim - 1))
+    return gather(ctx, x, index_map, [idx], shape)
+
+
+@lowering(aten.gather.default)
+def _gather(ctx: LowerCtx, x, dim, index, *, sparse_grad=False):
+    if not x.shape:
+        raise Unsupported("gather on a 0-d tensor")
+    dim %= len(x.shape)
+    shape = index.shape
+    syms = [ix.as_expr(s) for s in dim_syms(shape)]
+    index_map = syms[:dim] + [ix.as_expr(value_sym(0))] + syms[dim + 1:]
+    return gather(ctx, x, index_map, [index], shape)
+
+
+@lowering(aten.index.Tensor)
+def _index(ctx: LowerCtx, x, indices):
+    """Advanced indexing: tensors at some dims (broadcast together), None elsewhere."""
+    tensors = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if any(i.dtype in (torch.bool, torch.uint8) for _, i in tensors):
+        raise Unsupported("boolean-mask indexing has a data-dependent shape")
+    positions = [d for d, _ in tensors]
+    bshape = core.broadcast_shapes(*[i.shape for _, i in tensors])
+    adjacent = positions == list(range(positions[0], positions[0] + len(positions)))
+    rest_before = list(range(positions[0])) if adjacent else []
+    rest_after = [d for d in range(len(x.shape)) if d not in positions and d not in rest_before]
+    shape = tuple(x.shape[d] for d in rest_before) + bshape + tuple(x.shape[d] for d in rest_after)
+    if tuple(shape) != tuple(ctx.out_shape):
+        raise Unsupported("index layout not understood")
+    syms = [ix.as_expr(s) for s in dim_syms(shape)]
+    nb = len(rest_before)
+    index_map: list = [None] * len(x.shape)
+    for k, d in enumerate(rest_before):
+        index_map[d] = syms[k]
+    for k, d in enumerate(rest_after):
+        index_map[d] = syms[nb + len(bshape) + k]
+    idx_nodes = []
+    for k, (d, i) in enumerate(tensors):
+        index_map[d] = ix.as_expr(value_sym(k))
+        i = core.expand(ctx.b, i, bshape)
+        i = core.reshape(ctx.b, i, (1,) * nb + bshape + (1,) * len(rest_after))
+        idx_nodes.append(i)
+    return gather(ctx, x, index_map, idx_nodes, shape)
+
+
+@lowering(aten.cat.default)
+def _cat(ctx: LowerCtx, tensors, dim=0):
+    """out = where(i < end0, part0, where(i < end1, part1, ...)), each part a padded view."""
+    b = ctx.b
+    parts = [t for t in tensors if not (len(t.shape) == 1 and t.shape[0] == 0)]
+    shape = tuple(ctx.out_shape)
+    if not parts:
+        return core.constant(b, 0, ctx.out_dtype, shape)
+    dim %= len(shape)
+    pieces, offset = [], 0
+    for t in parts:
+        spec = [0] * (2 * (len(shape) - dim))
+        spec[-2], spec[-1] = offset, shape[dim] - offset - t.shape[dim]
+        padded = core.pad(b, core.cast(b, t, ctx.out_dtype), spec, 0)
+        offset += t.shape[dim]
+        pieces.append((offset, padded))
+    position = b.make(Op.IOTA, (), (dim, 0, 1), shape, torch.int64)
+    out = pieces[-1][1]
+    for end, piece in reversed(pieces[:-1]):
+        out = core.pointwise(b, "where", core.pointwise(b, "lt", position, end), piece, out)
+    return out

@@ -1,0 +1,173 @@
+"""Element-wise ATen ops -> POINTWISE nodes."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.lower.context import LowerCtx
+from kiln.lower.core import Unsupported, cast, constant, pointwise
+from kiln.lower.registry import lowering
+
+aten = torch.ops.aten
+
+_UNARY = {
+    aten.neg: "neg", aten.abs: "abs", aten.exp: "exp", aten.exp2: "exp2", aten.log: "log",
+    aten.log2: "log2", aten.log10: "log10", aten.log1p: "log1p", aten.expm1: "expm1",
+    aten.sqrt: "sqrt", aten.rsqrt: "rsqrt", aten.reciprocal: "reciprocal", aten.sin: "sin",
+    aten.cos: "cos", aten.tan: "tan", aten.asin: "asin", aten.acos: "acos", aten.atan: "atan",
+    aten.sinh: "sinh", aten.cosh: "cosh", aten.tanh: "tanh", aten.asinh: "asinh",
+    aten.acosh: "acosh", aten.atanh: "atanh", aten.erf: "erf", aten.erfc: "erfc",
+    aten.sigmoid: "sigmoid", aten.sign: "sign", aten.sgn: "sign", aten.isnan: "isnan",
+    aten.logical_not: "logical_not", aten.bitwise_not: "bitwise_not",
+}
+
+_BINARY = {
+    aten.mul: "mul", aten.maximum: "maximum", aten.minimum: "minimum", aten.atan2: "atan2",
+    aten.copysign: "copysign", aten.eq: "eq", aten.ne: "ne", aten.lt: "lt", aten.le: "le",
+    aten.gt: "gt", aten.ge: "ge", aten.logical_and: "logical_and", aten.logical_or: "logical_or",
+    aten.logical_xor: "logical_xor", aten.bitwise_and: "bitwise_and", aten.bitwise_or: "bitwise_or",
+    aten.bitwise_xor: "bitwise_xor", aten.remainder: "remainder", aten.fmod: "fmod",
+    aten.bitwise_left_shift: "lshift", aten.bitwise_right_shift: "rshift",
+    aten.__lshift__: "lshift", aten.__rshift__: "rshift",
+}
+
+
+def _register_unary(target, fn: str) -> None:
+    @lowering(target.default)
+    def lower(ctx: LowerCtx, x):
+        return pointwise(ctx.b, fn, x, out_dtype=ctx.out_dtype)
+
+
+def _register_binary(target, fn: str) -> None:
+    @lowering(target)
+    def lower(ctx: LowerCtx, a, b):
+        return pointwise(ctx.b, fn, a, b, out_dtype=ctx.out_dtype)
+
+
+for _t, _f in _UNARY.items():
+    _register_unary(_t, _f)
+for _t, _f in _BINARY.items():
+    _register_binary(_t, _f)
+
+
+@lowering(aten.floor.default, aten.ceil.default, aten.round.default, aten.trunc.default)
+def _rounding(ctx: LowerCtx, x):
+    if not x.dtype.is_floating_point:
+        return x  # integers are already whole
+    name = ctx.target.overloadpacket.__name__
+    return pointwise(ctx.b, name, x, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.isinf.default)
+def _isinf(ctx: LowerCtx, x):
+    if not x.dtype.is_floating_point:
+        return constant(ctx.b, False, torch.bool, x.shape)
+    return pointwise(ctx.b, "isinf", x)
+
+
+@lowering(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
+def _add_sub(ctx: LowerCtx, a, b, alpha=1):
+    fn = "add" if ctx.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
+    if alpha != 1:
+        b = pointwise(ctx.b, "mul", b, alpha)
+    if fn == "sub" and a is not None and getattr(a, "dtype", None) is torch.bool:
+        raise Unsupported("subtraction of bool tensors")
+    return pointwise(ctx.b, fn, a, b, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+def _rsub(ctx: LowerCtx, a, b, alpha=1):
+    if alpha != 1:
+        a = pointwise(ctx.b, "mul", a, alpha)
+    return pointwise(ctx.b, "sub", b, a, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.div.Tensor, aten.div.Scalar)
+def _div(ctx: LowerCtx, a, b):
+    return pointwise(ctx.b, "div", a, b, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(ctx: LowerCtx, a, b, *, rounding_mode=None):
+    fn = {None: "div", "floor": "floordiv", "trunc": "truncdiv"}[rounding_mode]
+    return pointwise(ctx.b, fn, a, b, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.floor_divide.default, aten.floor_divide.Scalar)
+def _floor_divide(ctx: LowerCtx, a, b):
+    return pointwise(ctx.b, "floordiv", a, b, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.pow.Tensor_Scalar)
+def _pow_scalar(ctx: LowerCtx, x, exponent):
+    if exponent == 2:
+        return pointwise(ctx.b, "mul", x, x, out_dtype=ctx.out_dtype)
+    if exponent == 1:
+        return cast(ctx.b, x, ctx.out_dtype)
+    if exponent == 0.5 and x.dtype.is_floating_point:
+        return pointwise(ctx.b, "sqrt", x, out_dtype=ctx.out_dtype)
+    return pointwise(ctx.b, "pow", x, exponent, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.pow.Tensor_Tensor, aten.pow.Scalar)
+def _pow(ctx: LowerCtx, a, b):
+    return pointwise(ctx.b, "pow", a, b, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.relu.default)
+def _relu(ctx: LowerCtx, x):
+    return pointwise(ctx.b, "maximum", x, constant(ctx.b, 0, x.dtype), out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.clamp.default, aten.clamp.Tensor)
+def _clamp(ctx: LowerCtx, x, min=None, max=None):
+    out = x
+    if min is not None:
+        out = pointwise(ctx.b, "maximum", out, min)
+    if max is not None:
+        out = pointwise(ctx.b, "minimum", out, max)
+    return cast(ctx.b, out, ctx.out_dtype)
+
+
+@lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
+def _clamp_min(ctx: LowerCtx, x, min):
+    return pointwise(ctx.b, "maximum", x, min, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
+def _clamp_max(ctx: LowerCtx, x, max):
+    return pointwise(ctx.b, "minimum", x, max, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(ctx: LowerCtx, cond, a, b):
+    return pointwise(ctx.b, "where", cond, a, b, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(ctx: LowerCtx, x, mask, value):
+    value = value if not hasattr(value, "op") else cast(ctx.b, value, x.dtype)
+    return pointwise(ctx.b, "where", mask, value, x, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten._to_copy.default)
+def _to_copy(ctx: LowerCtx, x, *, dtype=None, layout=None, device=None, pin_memory=None,
+             non_blocking=False, memory_format=None):
+    if device is not None and torch.device(device).type != "cpu" and ctx.out_dtype is not None:
+        raise Unsupported("copy to another device")
+    return cast(ctx.b, x, dtype or x.dtype)
+
+
+@lowering(aten.clone.default)
+def _clone(ctx: LowerCtx, x, *, memory_format=None):
+    return x
+
+
+@lowering(aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
+def _identity(ctx: LowerCtx, x):
+    return x
+
+
+@lowering(torch.ops.prims.convert_element_type.default)
+def _convert_element_type(ctx: LowerCtx, x, dtype):
+    return cast(ctx.b, x, dtype)

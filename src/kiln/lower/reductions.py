@@ -1,0 +1,130 @@
+"""Reductions -> REDUCE nodes (mean and friends are sums scaled afterwards)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kiln.lower.context import LowerCtx
+from kiln.lower.core import Unsupported, cast, pointwise, reduce
+from kiln.lower.registry import lowering
+
+aten = torch.ops.aten
+
+
+def _dims(x, dim):
+    if dim is None:
+        return None
+    return [dim] if isinstance(dim, int) else list(dim)
+
+
+def _count(x, dims) -> int:
+    if dims is None or len(dims) == 0:
+        return x.numel
+    return math.prod(x.shape[d % len(x.shape)] for d in dims) if x.shape else 1
+
+
+@lowering(aten.sum.dim_IntList, aten.sum.default)
+def _sum(ctx: LowerCtx, x, dim=None, keepdim=False, *, dtype=None):
+    return reduce(ctx.b, "sum", x, _dims(x, dim), keepdim, ctx.out_dtype)
+
+
+@lowering(aten.prod.dim_int, aten.prod.default)
+def _prod(ctx: LowerCtx, x, dim=None, keepdim=False, *, dtype=None):
+    return reduce(ctx.b, "prod", x, _dims(x, dim), keepdim, ctx.out_dtype)
+
+
+@lowering(aten.mean.dim, aten.mean.default)
+def _mean(ctx: LowerCtx, x, dim=None, keepdim=False, *, dtype=None):
+    if not ctx.out_dtype.is_floating_point:
+        raise Unsupported("mean of an integer tensor")
+    acc = torch.float32 if ctx.out_dtype in (torch.bfloat16, torch.float16) else ctx.out_dtype
+    total = reduce(ctx.b, "sum", x, _dims(x, dim), keepdim, acc)
+    n = _count(x, _dims(x, dim))
+    return pointwise(ctx.b, "div", total, float(n), out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.amax.default, aten.max.default)
+def _amax(ctx: LowerCtx, x, dim=(), keepdim=False):
+    return reduce(ctx.b, "max", x, _dims(x, dim), keepdim, ctx.out_dtype)
+
+
+@lowering(aten.amin.default, aten.min.default)
+def _amin(ctx: LowerCtx, x, dim=(), keepdim=False):
+    return reduce(ctx.b, "min", x, _dims(x, dim), keepdim, ctx.out_dtype)
+
+
+@lowering(aten.argmax.default)
+def _argmax(ctx: LowerCtx, x, dim=None, keepdim=False):
+    return reduce(ctx.b, "argmax", x, _dims(x, dim), keepdim and dim is not None, torch.int64)
+
+
+@lowering(aten.argmin.default)
+def _argmin(ctx: LowerCtx, x, dim=None, keepdim=False):
+    return reduce(ctx.b, "argmin", x, _dims(x, dim), keepdim and dim is not None, torch.int64)
+
+
+@lowering(aten.max.dim)
+def _max_dim(ctx: LowerCtx, x, dim, keepdim=False):
+    values = reduce(ctx.b, "max", x, [dim], keepdim, x.dtype)
+    return values, reduce(ctx.b, "argmax", x, [dim], keepdim, torch.int64)
+
+
+@lowering(aten.min.dim)
+def _min_dim(ctx: LowerCtx, x, dim, keepdim=False):
+    values = reduce(ctx.b, "min", x, [dim], keepdim, x.dtype)
+    return values, reduce(ctx.b, "argmin", x, [dim], keepdim, torch.int64)
+
+
+@lowering(aten.any.default, aten.any.dim, aten.any.dims)
+def _any(ctx: LowerCtx, x, dim=None, keepdim=False):
+    return reduce(ctx.b, "any", x, _dims(x, dim), keepdim, torch.bool)
+
+
+@lowering(aten.all.default, aten.all.dim, aten.all.dims)
+def _all(ctx: LowerCtx, x, dim=None, keepdim=False):
+    return reduce(ctx.b, "all", x, _dims(x, dim), keepdim, torch.bool)
+
+
+def _var(ctx: LowerCtx, x, dim, correction, keepdim):
+    """Two passes over the row (mean, then squared deviations): exact like eager's."""
+    if not x.dtype.is_floating_point:
+        raise Unsupported("variance of an integer tensor")
+    dims = _dims(x, dim)
+    acc = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    xf = cast(ctx.b, x, acc)
+    n = _count(x, dims)
+    mean = pointwise(ctx.b, "div", reduce(ctx.b, "sum", xf, dims, True, acc), float(n))
+    dev = pointwise(ctx.b, "sub", xf, mean)
+    sq = reduce(ctx.b, "sum", pointwise(ctx.b, "mul", dev, dev), dims, keepdim, acc)
+    correction = 1 if correction is None else correction
+    var = pointwise(ctx.b, "div", sq, float(max(n - correction, 0)))
+    mean_out = mean if keepdim else reduce_keepdim_drop(ctx, mean, dims, x)
+    return var, mean_out
+
+
+def reduce_keepdim_drop(ctx: LowerCtx, mean, dims, x):
+    from kiln.lower.core import squeeze
+
+    ndim = len(x.shape)
+    dims = list(range(ndim)) if not dims else [d % ndim for d in dims]
+    return squeeze(ctx.b, mean, dims)
+
+
+@lowering(aten.var.correction)
+def _var_correction(ctx: LowerCtx, x, dim=None, *, correction=None, keepdim=False):
+    var, _ = _var(ctx, x, dim, correction, keepdim)
+    return cast(ctx.b, var, ctx.out_dtype)
+
+
+@lowering(aten.var_mean.correction)
+def _var_mean(ctx: LowerCtx, x, dim=None, *, correction=None, keepdim=False):
+    var, mean = _var(ctx, x, dim, correction, keepdim)
+    return cast(ctx.b, var, x.dtype), cast(ctx.b, mean, x.dtype)
+
+
+@lowering(aten.std.correction)
+def _std(ctx: LowerCtx, x, dim=None, *, correction=None, keepdim=False):
+    var, _ = _var(ctx, x, dim, correction, keepdim)
+    return pointwise(ctx.b, "sqrt", var, out_dtype=ctx.out_dtype)

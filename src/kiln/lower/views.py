@@ -1,0 +1,70 @@
+"""View ops -> index maps (no data moves)."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.lower.context import LowerCtx
+from kiln.lower import core
+from kiln.lower.registry import lowering
+
+aten = torch.ops.aten
+
+
+@lowering(aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+def _view(ctx: LowerCtx, x, shape):
+    return core.reshape(ctx.b, x, shape)
+
+
+@lowering(aten.expand.default)
+def _expand(ctx: LowerCtx, x, shape, *, implicit=False):
+    shape = list(shape)
+    off = len(shape) - len(x.shape)
+    for i, s in enumerate(shape):
+        if s == -1:
+            shape[i] = x.shape[i - off]
+    return core.expand(ctx.b, x, shape)
+
+
+@lowering(aten.permute.default)
+def _permute(ctx: LowerCtx, x, dims):
+    return core.permute(ctx.b, x, dims)
+
+
+@lowering(aten.t.default)
+def _t(ctx: LowerCtx, x):
+    return core.permute(ctx.b, x, list(reversed(range(len(x.shape)))))
+
+
+@lowering(aten.transpose.int)
+def _transpose(ctx: LowerCtx, x, d0, d1):
+    perm = list(range(len(x.shape)))
+    if perm:
+        d0, d1 = d0 % len(perm), d1 % len(perm)
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    return core.permute(ctx.b, x, perm)
+
+
+@lowering(aten.slice.Tensor)
+def _slice(ctx: LowerCtx, x, dim=0, start=None, end=None, step=1):
+    return core.slice_(ctx.b, x, dim, start, end, step)
+
+
+@lowering(aten.select.int)
+def _select(ctx: LowerCtx, x, dim, index):
+    return core.select(ctx.b, x, dim, index)
+
+
+@lowering(aten.unsqueeze.default)
+def _unsqueeze(ctx: LowerCtx, x, dim):
+    return core.unsqueeze(ctx.b, x, dim)
+
+
+@lowering(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def _squeeze(ctx: LowerCtx, x, dim=None):
+    return core.squeeze(ctx.b, x, [dim] if isinstance(dim, int) else dim)
+
+
+@lowering(aten.constant_pad_nd.default)
+def _pad(ctx: LowerCtx, x, pad, value=0):
+    return core.pad(ctx.b, x, pad, value)

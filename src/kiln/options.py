@@ -1,0 +1,61 @@
+"""kiln's options: one typed object, and the only place KILN_* environment variables are read."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+MODES = ("default", "reduce-overhead", "max-autotune")
+TARGETS = ("auto", "cpp", "triton")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Options of kiln.compile.
+
+    fullgraph: raise on a graph break instead of splitting the program.
+    dynamic: None lets Dynamo decide, False specializes every shape, True marks shapes dynamic.
+    mode: "default", "reduce-overhead" (CUDA graphs where possible) or "max-autotune".
+    target: code generator: "auto" (C++ for CPU tensors), "cpp" or "triton".
+    """
+
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    mode: str = "default"
+    target: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.fullgraph, bool):
+            raise TypeError(f"kiln option fullgraph must be a bool, got {self.fullgraph!r}")
+        if self.dynamic not in (None, True, False):
+            raise TypeError(f"kiln option dynamic must be None, True or False, got {self.dynamic!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"kiln option mode must be one of {MODES}, got {self.mode!r}")
+        if self.target not in TARGETS:
+            raise ValueError(f"kiln option target must be one of {TARGETS}, got {self.target!r}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "Options":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown kiln option(s) {unknown}; known options: {sorted(known)}")
+        if "target" not in kwargs and env_target():
+            kwargs["target"] = env_target()
+        return cls(**kwargs)
+
+
+def env_cache_dir() -> str:
+    return os.environ.get("KILN_CACHE_DIR") or str(Path.home() / ".cache" / "kiln")
+
+
+def env_target() -> str | None:
+    value = os.environ.get("KILN_TARGET")
+    if value and value not in TARGETS:
+        raise ValueError(f"KILN_TARGET must be one of {TARGETS}, got {value!r}")
+    return value
+
+
+def env_debug() -> bool:
+    return os.environ.get("KILN_DEBUG", "") not in ("", "0")

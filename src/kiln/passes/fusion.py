@@ -1,0 +1,208 @@
+"""The fusion scheduler: which tensors are stored, which kernels compute them, and why.
+
+Element-wise nodes, views and gathers are recomputed inside every kernel that reads them
+(vertical fusion). A reduction is computed inside the kernel of its consumer when that
+consumer iterates the reduction's input row by row (softmax, norms: one kernel per row
+block); otherwise it is stored. Kernels over the same domain that do not depend on one
+another merge into one (horizontal fusion). Every choice is a Decision with a reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kiln.ir import index as ix
+from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, dim_syms
+
+
+@dataclass(frozen=True)
+class Decision:
+    node: str  # the node the decision is about, as IR text
+    verdict: str  # "stored", "fused", "alias", "extern", "merged"
+    reason: str
+
+
+@dataclass
+class KernelPlan:
+    roots: list[Node]  # the nodes this kernel stores
+    iter_shape: tuple[int, ...]
+    axes: tuple[int, ...]  # reduction axes of iter_shape; () for a point-wise kernel
+
+    @property
+    def outer_shape(self) -> tuple[int, ...]:
+        return tuple(s for i, s in enumerate(self.iter_shape) if i not in self.axes)
+
+
+@dataclass(frozen=True)
+class Alias:
+    """A view of a stored buffer handed to an extern op without a copy."""
+
+    base: Node
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+
+@dataclass
+class Schedule:
+    graph: Graph
+    stored: dict[Node, str]  # node -> why it is a buffer
+    aliases: dict[Node, Alias]
+    steps: list[KernelPlan | Node]  # kernels and extern calls, in execution order
+    decisions: list[Decision] = field(default_factory=list)
+
+
+class FusionMismatch(Exception):
+    """Raised while emitting a kernel: a reduction is read at an index other than its row."""
+
+    def __init__(self, node: Node, reason: str):
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+def _label(n: Node) -> str:
+    kind = n.op.value + (f".{n.attrs[0]}" if n.op in (Op.POINTWISE, Op.REDUCE) else "")
+    return f"%{n.id} {kind}"
+
+
+def _affine_view_of_buffer(n: Node, stored: dict[Node, str], layouts) -> Alias | None:
+    if n.op is not Op.VIEW or n.attrs[1] or n.inputs[0] not in stored:
+        return None
+    base = n.inputs[0]
+    base_stride = layouts(base)
+    if base_stride is None:
+        return None
+    linear = ix.as_expr(0)
+    for e, st in zip(n.attrs[0], base_stride):
+        linear = linear + e * st
+    if not linear.is_affine():
+        return None
+    stride = tuple(linear.coef(s) for s in dim_syms(n.shape))
+    if any(s < 0 for s in stride):
+        return None
+    return Alias(base, n.shape, stride, linear.const)
+
+
+def _reachable_reductions(root: Node, stored: dict[Node, str]) -> list[Node]:
+    """Reductions a kernel storing root would compute (not crossing stored tensors)."""
+    found, seen, stack = [], set(), list(root.inputs)
+    while stack:
+        n = stack.pop()
+        if n in seen or n in stored:
+            continue
+        seen.add(n)
+        if n.op is Op.REDUCE:
+            found.append(n)
+            continue
+        stack.extend(n.inputs)
+    return sorted(found, key=lambda n: n.id)
+
+
+def _required_buffers(plan: KernelPlan, stored: dict[Node, str]) -> set[Node]:
+    need, seen, stack = set(), set(), []
+    for r in plan.roots:
+        stack.extend(r.inputs)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in stored:
+            need.add(n)
+            continue
+        stack.extend(n.inputs)
+    return need
+
+
+def _domain(root: Node, stored: dict[Node, str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if root.op is Op.REDUCE:
+        return root.inputs[0].shape, root.attrs[1]
+    for r in _reachable_reductions(root, stored):
+        if r.inputs[0].shape == root.shape:
+            return root.shape, r.attrs[1]
+    return root.shape, ()
+
+
+def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alias], list[Decision]]:
+    """The nodes that must be buffers whatever the fusion: inputs, extern results, outputs,
+    and extern arguments (unless an existing buffer can be viewed as one)."""
+    stored: dict[Node, str] = {}
+    aliases: dict[Node, Alias] = {}
+    decisions: list[Decision] = []
+    for n in graph.nodes:
+        if n.op is Op.INPUT:
+            stored[n] = "graph input"
+        elif n.op in (Op.EXTERN, Op.ITEM):
+            stored[n] = "result of an ATen call"
+            if n.op is Op.EXTERN:
+                decisions.append(Decision(_label(n) + f" {n.attrs[0]}", "extern", n.attrs[4]))
+    for o in graph.output_nodes():
+        if o not in stored:
+            stored[o] = "graph output"
+    for n in graph.nodes:
+        if n.op is not Op.EXTERN:
+            continue
+        for i in n.inputs:
+            if i in stored or i in aliases:
+                continue
+            alias = _affine_view_of_buffer(i, stored, layouts)
+            if alias is not None:
+                aliases[i] = alias
+                decisions.append(Decision(_label(i), "alias", f"strided view of a buffer passed to {n.attrs[0]}"))
+            else:
+                stored[i] = f"argument of ATen call {n.attrs[0]}"
+    return stored, aliases, decisions
+
+
+def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
+             decisions: list[Decision]) -> Schedule:
+    """Kernels for every stored node that is computed, given the stored set so far."""
+    # Reductions that cannot run inside their consumers' kernels become stored; repeat
+    # until every kernel's reductions fit its domain.
+    changed = True
+    while changed:
+        changed = False
+        for n in graph.nodes:
+            if n not in stored or n.op in MATERIALIZED:
+                continue
+            iter_shape, axes = _domain(n, stored)
+            for r in _reachable_reductions(n, stored):
+                if r.inputs[0].shape != iter_shape or r.attrs[1] != axes:
+                    stored[r] = f"its consumer {_label(n)} iterates {list(iter_shape)} over axes {list(axes)}"
+                    changed = True
+    plans: list[KernelPlan] = []
+    steps: list[KernelPlan | Node] = []
+    produced_before: dict[int, set[Node]] = {}
+    available: set[Node] = {n for n in graph.nodes if n.op is Op.INPUT}
+    for n in graph.nodes:
+        if n not in stored or n.op is Op.INPUT:
+            continue
+        if n.op in (Op.EXTERN, Op.ITEM):
+            steps.append(n)
+            available.add(n)
+            continue
+        iter_shape, axes = _domain(n, stored)
+        plan = KernelPlan([n], iter_shape, axes)
+        need = _required_buffers(plan, stored)
+        merged = False
+        for k, step in enumerate(steps):
+            if (isinstance(step, KernelPlan) and step.iter_shape == iter_shape and step.axes == axes
+                    and need <= produced_before[k]):
+                step.roots.append(n)
+                decisions.append(Decision(_label(n), "merged",
+                                          f"same domain {list(iter_shape)} as the kernel storing "
+                                          f"{_label(step.roots[0])}, and independent of it"))
+                merged = True
+                break
+        if not merged:
+            produced_before[len(steps)] = set(available)
+            steps.append(plan)
+            plans.append(plan)
+        available.add(n)
+    for n in graph.nodes:
+        if n.op is Op.REDUCE and n not in stored:
+            decisions.append(Decision(_label(n), "fused", "computed inside the kernel of its consumer, row by row"))
+        elif n.op is Op.REDUCE:
+            decisions.append(Decision(_label(n), "stored", stored[n]))
+    return Schedule(graph, stored, aliases, steps, decisions)

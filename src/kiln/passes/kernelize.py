@@ -1,0 +1,229 @@
+"""Lowering of scheduled kernels to kernel IR (level 2).
+
+Each stored node of a kernel is emitted as an expression at the kernel's loop indices;
+element-wise nodes, views and gathers are inlined on the way (each value computed once per
+stage), stored tensors become loads, and reductions become loop stages of their own.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.ir import index as ix
+from kiln.ir import kernel as k
+from kiln.ir.index import Expr, Sym
+from kiln.ir.kernel import compute_dtype
+from kiln.ir.tensor import Node, Op, dim_syms, value_sym
+from kiln.passes.fusion import FusionMismatch, KernelPlan
+
+
+class _StageBuilder:
+    def __init__(self, loop: bool):
+        self.loop = loop
+        self.body: list[k.Stmt] = []
+        self.memo: dict[tuple, str] = {}
+
+
+class KernelEmitter:
+    def __init__(self, name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts):
+        self.name = name
+        self.plan = plan
+        self.buffer_names = buffer_names
+        self.layouts = layouts
+        self.outer = dim_syms(plan.outer_shape, "x")
+        self.reduce = dim_syms(tuple(plan.iter_shape[a] for a in plan.axes), "r")
+        self.stages: list[k.Stage] = []
+        self.stack: list[_StageBuilder] = []
+        self.row_values: dict[Node, str] = {}
+        self.params: dict[str, k.Param] = {}
+        self.counter = 0
+
+    # ------------------------------------------------------------------ helpers
+    def _tmp(self) -> str:
+        self.counter += 1
+        return f"t{self.counter}"
+
+    def _emit(self, stmt: k.Stmt) -> None:
+        self.stack[-1].body.append(stmt)
+
+    def _iter_index(self) -> tuple[Expr, ...]:
+        """Indices of the iteration shape: outer symbols at kept axes, r at reduced ones."""
+        out, xi, ri = [], iter(self.outer), iter(self.reduce)
+        for a in range(len(self.plan.iter_shape)):
+            out.append(ix.as_expr(next(ri) if a in self.plan.axes else next(xi)))
+        return tuple(out)
+
+    def _param(self, node: Node, is_output: bool) -> str:
+        name = self.buffer_names[node]
+        prev = self.params.get(name)
+        self.params[name] = k.Param(name, node.dtype, is_output or (prev is not None and prev.is_output))
+        return name
+
+    def _linear(self, node: Node, index: tuple[Expr, ...]) -> Expr:
+        linear = ix.as_expr(0)
+        for e, st in zip(index, self.layouts(node)):
+            linear = linear + e * st
+        return linear
+
+    # ------------------------------------------------------------------ emission
+    def value(self, node: Node, index: tuple[Expr, ...], mask: str | None = None) -> str:
+        if node.op is Op.REDUCE and node in self.row_values:
+            return self._row_value(node, index)
+        key = (node.id, index, mask)
+        stage = self.stack[-1]
+        if key in stage.memo:
+            return stage.memo[key]
+        out = self._compute(node, index, mask)
+        stage.memo[key] = out
+        return out
+
+    def _compute(self, node: Node, index: tuple[Expr, ...], mask: str | None) -> str:
+        if node in self.buffer_names and node not in self.plan.roots:
+            out = self._tmp()
+            buf = self._param(node, False)
+            self._emit(k.Load(out, buf, self._linear(node, index), node.dtype, mask))
+            return out
+        op = node.op
+        if op is Op.CONSTANT:
+            out = self._tmp()
+            self._emit(k.Const(out, node.attrs[0], node.dtype))
+            return out
+        if op is Op.IOTA:
+            dim, start, step = node.attrs
+            pos = self._tmp()
+            self._emit(k.IndexValue(pos, index[dim]))
+            out = pos
+            if step != 1:
+                out = self._binary("mul", out, self._const(step, torch.int64), torch.int64)
+            if start != 0:
+                out = self._binary("add", out, self._const(start, torch.int64), torch.int64)
+            if node.dtype != torch.int64:
+                out = self._cast(out, node.dtype)
+            return out
+        if op is Op.POINTWISE:
+            args = tuple(self.value(i, index, mask) for i in node.inputs)
+            out = self._tmp()
+            self._emit(k.Compute(out, node.fn, args, node.dtype))
+            return out
+        if op is Op.VIEW:
+            index_map, valid, fill = node.attrs
+            mapping = dict(zip(dim_syms(node.shape), index))
+            src_index = tuple(ix.substitute(e, mapping) for e in index_map)
+            if not valid:
+                return self.value(node.inputs[0], src_index, mask)
+            cond = None
+            for e, size in valid:
+                c = self._tmp()
+                self._emit(k.InBounds(c, ix.substitute(e, mapping), size))
+                cond = c if cond is None else self._binary("logical_and", cond, c, torch.bool)
+            inner_mask = cond if mask is None else self._binary("logical_and", mask, cond, torch.bool)
+            v = self.value(node.inputs[0], src_index, inner_mask)
+            filler = self._const(fill, node.dtype)
+            out = self._tmp()
+            self._emit(k.Compute(out, "where", (cond, v, filler), node.dtype))
+            return out
+        if op is Op.GATHER:
+            (index_map,) = node.attrs
+            src = node.inputs[0]
+            mapping: dict[Sym, Expr] = dict(zip(dim_syms(node.shape), index))
+            for j, idx_node in enumerate(node.inputs[1:]):
+                v = self.value(idx_node, index, mask)
+                mapping[value_sym(j)] = ix.as_expr(Sym(v))
+            # negative indices count from the end, as in eager
+            src_index = []
+            for d, e in enumerate(index_map):
+                e2 = ix.substitute(e, mapping)
+                if any(s.extent is None for s in e2.symbols()):
+                    e2 = ix.as_expr(Sym(self._wrap(e2, src.shape[d])))
+                src_index.append(e2)
+            return self.value(src, tuple(src_index), mask)
+        if op is Op.REDUCE:
+            return self._reduction(node, index)
+        raise FusionMismatch(node, f"cannot inline {op.value} into a kernel")
+
+    def _wrap(self, e: Expr, size: int) -> str:
+        raw = self._tmp()
+        self._emit(k.IndexValue(raw, e))
+        neg = self._binary("lt", raw, self._const(0, torch.int64), torch.bool)
+        shifted = self._binary("add", raw, self._const(size, torch.int64), torch.int64)
+        out = self._tmp()
+        self._emit(k.Compute(out, "where", (neg, shifted, raw), torch.int64))
+        return out
+
+    def _const(self, value, dtype) -> str:
+        key = ("const", value, dtype)
+        stage = self.stack[-1]
+        if key not in stage.memo:
+            out = self._tmp()
+            self._emit(k.Const(out, value, dtype))
+            stage.memo[key] = out
+        return stage.memo[key]
+
+    def _binary(self, fn: str, a: str, b: str, dtype) -> str:
+        out = self._tmp()
+        self._emit(k.Compute(out, fn, (a, b), dtype))
+        return out
+
+    def _cast(self, a: str, dtype) -> str:
+        out = self._tmp()
+        self._emit(k.Compute(out, "cast", (a,), dtype))
+        return out
+
+    def _row_index(self) -> tuple[Expr, ...]:
+        return tuple(ix.as_expr(s) for s in self.outer)
+
+    def _row_value(self, node: Node, index: tuple[Expr, ...]) -> str:
+        if tuple(index) != self._row_index():
+            raise FusionMismatch(node, f"read at [{', '.join(map(str, index))}], not at its own row")
+        return self.row_values[node]
+
+    def _reduction(self, node: Node, index: tuple[Expr, ...]) -> str:
+        if node.attrs[1] != self.plan.axes or node.inputs[0].shape != self.plan.iter_shape:
+            raise FusionMismatch(node, "its row differs from the kernel's")
+        if tuple(index) != self._row_index():
+            raise FusionMismatch(node, f"read at [{', '.join(map(str, index))}], not at its own row")
+        kind = node.attrs[0]
+        self.stack.append(_StageBuilder(loop=True))
+        src = node.inputs[0]
+        v = self.value(src, self._iter_index())
+        acc = self._tmp()
+        position = None
+        if kind in ("argmax", "argmin"):
+            position = ix.as_expr(0)
+            for s in self.reduce:
+                position = position * s.extent + ix.as_expr(s)
+        self._emit(k.Reduce(acc, kind, v, src.dtype, position))
+        done = self.stack.pop()
+        self.stages.append(k.Stage(True, tuple(done.body)))
+        self.row_values[node] = acc
+        return acc
+
+    # ------------------------------------------------------------------ kernel
+    def build(self) -> k.Kernel:
+        final = _StageBuilder(loop=True)
+        row_stores: list[Node] = []
+        for root in self.plan.roots:
+            if root.op is Op.REDUCE:
+                row_stores.append(root)
+                continue
+            self.stack.append(final)
+            v = self.value(root, self._iter_index())
+            self.stack.pop()
+            final.body.append(k.Store(self._param(root, True), self._linear(root, self._iter_index()), v, root.dtype))
+        for root in row_stores:
+            row = _StageBuilder(loop=False)
+            self.stack.append(row)
+            if root not in self.row_values:
+                self._reduction(root, self._row_index())
+            v = self.row_values[root]
+            self.stack.pop()
+            row.body.append(k.Store(self._param(root, True), self._linear(root, self._row_index()), v, root.dtype))
+            self.stages.append(k.Stage(False, tuple(row.body)))
+        if final.body:
+            self.stages.append(k.Stage(True, tuple(final.body)))
+        params = tuple(sorted(self.params.values(), key=lambda p: (p.is_output, p.name)))
+        return k.Kernel(self.name, self.outer, self.reduce, params, tuple(self.stages))
+
+
+def emit_kernel(name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts) -> k.Kernel:
+    return KernelEmitter(name, plan, buffer_names, layouts).build()

@@ -1,0 +1,144 @@
+"""kiln's compiler, one ordered list of passes. Read this file first.
+
+    import      FX graph of ATen ops -> tensor graph (unlowered ops become ATen calls)
+    simplify    DCE + CSE (by rebuilding), constant folding, algebraic identities
+    store       what must be a buffer: inputs, outputs, ATen results and arguments
+    fuse        kernels: element-wise inlined, reductions fused into consumers, merges
+    kernelize   kernel IR for each kernel (a reduction read off its row is stored instead)
+    codegen     C++ source for each kernel, Python source for the host program
+    build       compile kernels in parallel (cached on disk), load them
+
+Every pass appends a PassRecord (what it did, how long it took) to the report that
+`kiln explain` prints.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from kiln.codegen.cpp import render_source
+from kiln.codegen.wrapper import build_host_program
+from kiln.frontend.importer import import_graph
+from kiln.ir.kernel import Kernel, kernel_str
+from kiln.ir.tensor import Graph, Node, Op
+from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, plan_stores, schedule
+from kiln.passes.kernelize import emit_kernel
+from kiln.passes.layout import Layouts
+from kiln.passes.simplify import all_rules, simplify
+from kiln.runtime.cpp_build import build_all
+
+
+@dataclass
+class PassRecord:
+    name: str
+    seconds: float
+    summary: str
+
+
+@dataclass
+class CompileReport:
+    passes: list[PassRecord] = field(default_factory=list)
+    graph_text: str = ""
+    decisions: list[Decision] = field(default_factory=list)
+    fallbacks: dict[str, str] = field(default_factory=dict)
+    kernels: list[Kernel] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+    host_source: str = ""
+    cache_hits: int = 0
+
+    @property
+    def num_kernels(self) -> int:
+        return len(self.kernels)
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.passes)
+
+
+class _Timer:
+    def __init__(self, report: CompileReport, name: str):
+        self.report, self.name, self.summary = report, name, ""
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.report.passes.append(PassRecord(self.name, time.perf_counter() - self.t0, self.summary))
+
+
+def buffer_names_for(graph: Graph, stored) -> dict[Node, str]:
+    names = {}
+    for n in graph.nodes:
+        if n in stored:
+            names[n] = f"arg{n.attrs[0]}" if n.op is Op.INPUT else f"buf{n.id}"
+    return names
+
+
+def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Callable, CompileReport]:
+    report = CompileReport()
+    with _Timer(report, "import") as t:
+        graph, report.fallbacks = import_graph(gm, example_inputs)
+        t.summary = f"{len(graph.nodes)} nodes, {len(report.fallbacks)} op kinds run in ATen"
+    with _Timer(report, "simplify") as t:
+        before = len(graph.nodes)
+        graph, fired = simplify(graph, all_rules())
+        fired_text = ", ".join(f"{k} x{v}" for k, v in sorted(fired.items()))
+        t.summary = f"{before} -> {len(graph.nodes)} nodes" + (f"; {fired_text}" if fired_text else "")
+    report.graph_text = str(graph)
+    layouts = Layouts(graph)
+    with _Timer(report, "store") as t:
+        stored, aliases, decisions = plan_stores(graph, layouts)
+        t.summary = f"{len(stored)} buffers, {len(aliases)} views passed without copy"
+    with _Timer(report, "fuse+kernelize") as t:
+        sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts)
+        report.decisions = sched.decisions
+        report.kernels = list(kernels.values())
+        externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
+        t.summary = f"{len(kernels)} kernels, {externs} ATen calls"
+    with _Timer(report, "codegen") as t:
+        names = buffer_names_for(graph, sched.stored)
+        report.sources = {kern.name: render_source(kern) for kern in kernels.values()}
+        device = _device_of(example_inputs)
+        host = build_host_program(sched, kernels, names, layouts, device)
+        report.host_source = host.source
+        t.summary = f"{sum(len(s) for s in report.sources.values())} bytes of C++"
+    with _Timer(report, "build") as t:
+        jobs = [(report.sources[kern.name], kern.name, len(kern.params)) for kern in kernels.values()]
+        results = build_all(jobs)
+        report.cache_hits = sum(r.cached for r in results)
+        for kern, res in zip(kernels.values(), results):
+            host.globals[kern.name] = res.fn
+        t.summary = f"{len(results) - report.cache_hits} compiled, {report.cache_hits} from cache"
+    return host.load(), report
+
+
+def _device_of(example_inputs) -> torch.device:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
+def _fuse_and_kernelize(graph, stored, aliases, decisions, layouts) -> tuple[Schedule, dict[int, Kernel]]:
+    while True:
+        sched = schedule(graph, dict(stored), aliases, list(decisions))
+        names = buffer_names_for(graph, sched.stored)
+        kernels: dict[int, Kernel] = {}
+        try:
+            for step in sched.steps:
+                if isinstance(step, KernelPlan):
+                    kernels[id(step)] = emit_kernel(f"kernel{len(kernels)}", step, names, layouts)
+            return sched, kernels
+        except FusionMismatch as e:
+            stored = dict(sched.stored)
+            stored[e.node] = e.reason
+
+
+def kernels_text(report: CompileReport) -> str:
+    return "\n\n".join(kernel_str(k) for k in report.kernels)

@@ -1,0 +1,151 @@
+"""Graph simplification: dead-code elimination, common subexpressions, constant folding
+and algebraic identities.
+
+A rule is a small function (builder, node) -> replacement or None whose docstring states
+the identity. Rules see a node whose inputs were already simplified. Rebuilding the graph
+through a Builder shares identical nodes (CSE) and visits only what the outputs need (DCE).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from kiln.ir.ops import POINTWISE_FNS
+from kiln.ir.tensor import Builder, Graph, Node, Op
+
+Rule = Callable[[Builder, Node], "Node | None"]
+
+
+def _const(n: Node):
+    return n.attrs[0] if n.op is Op.CONSTANT else None
+
+
+def _is_const(n: Node, value) -> bool:
+    c = _const(n)
+    return c is not None and not isinstance(c, bool) and c == value and c == c
+
+
+def fold_constants(b: Builder, n: Node) -> Node | None:
+    """f(c1, c2, ...) == c when every operand is a constant: evaluated with torch, as eager would."""
+    if n.op is not Op.POINTWISE or not all(i.op is Op.CONSTANT for i in n.inputs):
+        return None
+    operands = [torch.tensor(i.attrs[0], dtype=i.dtype) for i in n.inputs]
+    value = POINTWISE_FNS[n.fn].eval(*operands).to(n.dtype).item()
+    return b.make(Op.CONSTANT, (), (value,), n.shape, n.dtype)
+
+
+def add_zero(b: Builder, n: Node) -> Node | None:
+    """x + 0 == x - 0 == x (same dtype and shape)."""
+    if n.op is Op.POINTWISE and n.fn in ("add", "sub") and _is_const(n.inputs[1], 0):
+        return _same(n, n.inputs[0])
+    if n.op is Op.POINTWISE and n.fn == "add" and _is_const(n.inputs[0], 0):
+        return _same(n, n.inputs[1])
+    return None
+
+
+def mul_one(b: Builder, n: Node) -> Node | None:
+    """x * 1 == x / 1 == x."""
+    if n.op is Op.POINTWISE and n.fn in ("mul", "div") and _is_const(n.inputs[1], 1):
+        return _same(n, n.inputs[0])
+    if n.op is Op.POINTWISE and n.fn == "mul" and _is_const(n.inputs[0], 1):
+        return _same(n, n.inputs[1])
+    return None
+
+
+def double_negation(b: Builder, n: Node) -> Node | None:
+    """-(-x) == x."""
+    if n.op is Op.POINTWISE and n.fn == "neg":
+        inner = n.inputs[0]
+        if inner.op is Op.POINTWISE and inner.fn == "neg":
+            return inner.inputs[0]
+    return None
+
+
+_EXACT_WIDENING = {
+    torch.bfloat16: (torch.float32, torch.float64),
+    torch.float16: (torch.float32, torch.float64),
+    torch.float32: (torch.float64,),
+    torch.int8: (torch.int16, torch.int32, torch.int64),
+    torch.int16: (torch.int32, torch.int64),
+    torch.int32: (torch.int64,),
+}
+
+
+def round_trip_cast(b: Builder, n: Node) -> Node | None:
+    """cast(cast(x, wide), narrow) == x when narrow is x's dtype and wide holds every value of it."""
+    if n.op is Op.POINTWISE and n.fn == "cast":
+        inner = n.inputs[0]
+        if inner.op is Op.POINTWISE and inner.fn == "cast":
+            x = inner.inputs[0]
+            if x.dtype == n.dtype and inner.dtype in _EXACT_WIDENING.get(x.dtype, ()):
+                return x
+    return None
+
+
+def where_same_branches(b: Builder, n: Node) -> Node | None:
+    """where(c, x, x) == x."""
+    if n.op is Op.POINTWISE and n.fn == "where" and n.inputs[1] is n.inputs[2]:
+        return _same(n, n.inputs[1])
+    return None
+
+
+def where_constant_condition(b: Builder, n: Node) -> Node | None:
+    """where(True, a, b) == a; where(False, a, b) == b."""
+    if n.op is Op.POINTWISE and n.fn == "where" and n.inputs[0].op is Op.CONSTANT:
+        return _same(n, n.inputs[1] if n.inputs[0].attrs[0] else n.inputs[2])
+    return None
+
+
+def _same(n: Node, candidate: Node) -> Node | None:
+    ok = candidate.shape == n.shape and candidate.dtype == n.dtype
+    return candidate if ok else None
+
+
+RULE_SETS: dict[str, list[Rule]] = {
+    "fold": [fold_constants],
+    "identities": [add_zero, mul_one, double_negation, round_trip_cast, where_same_branches,
+                   where_constant_condition],
+}
+
+
+def simplify(graph: Graph, rules: list[Rule]) -> tuple[Graph, dict[str, int]]:
+    """Rebuild graph applying rules to a fixed point per node; returns counts of rules fired."""
+    needed = _live(graph)
+    b = Builder()
+    new: dict[Node, Node] = {}
+    fired: dict[str, int] = {}
+    for n in graph.nodes:
+        if n not in needed:
+            continue
+        inputs = tuple(new[i] for i in n.inputs)
+        node = b.make(n.op, inputs, n.attrs, n.shape, n.dtype, n.meta)
+        changed = True
+        while changed:
+            changed = False
+            for rule in rules:
+                out = rule(b, node)
+                if out is not None and out is not node:
+                    assert out.shape == n.shape and out.dtype == n.dtype, rule.__name__
+                    fired[rule.__name__] = fired.get(rule.__name__, 0) + 1
+                    node, changed = out, True
+                    break
+        new[n] = node
+    outputs = [new[o] if isinstance(o, Node) else o for o in graph.outputs]
+    return b.finish(outputs, graph.num_inputs, graph.output_strides), fired
+
+
+def _live(graph: Graph) -> set[Node]:
+    live, stack = set(), list(graph.output_nodes())
+    stack += [n for n in graph.nodes if n.op is Op.INPUT]
+    while stack:
+        n = stack.pop()
+        if n not in live:
+            live.add(n)
+            stack.extend(n.inputs)
+    return live
+
+
+def all_rules() -> list[Rule]:
+    return [r for rules in RULE_SETS.values() for r in rules]
