@@ -58,6 +58,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
 
     # Last step at which each buffer is read, to free or reuse it afterwards.
     outputs = set(graph.output_nodes())
+    outputs |= {schedule.aliases[o].base for o in graph.output_nodes() if o in schedule.aliases}
     last_use: dict[Node, int] = {}
     reads_by_step: list[set[Node]] = []
     for k, step in enumerate(schedule.steps):
@@ -126,7 +127,11 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                     free.setdefault((r.dtype, _extent(r.shape, layouts(r))), []).append(buffer_names[r])
     rets = []
     for o in graph.outputs:
-        if isinstance(o, Node):
+        if isinstance(o, Node) and o in schedule.aliases:
+            a = schedule.aliases[o]
+            base = buffer_names[a.base]
+            rets.append(f"as_strided({base}, {a.shape}, {a.stride}, {base}.storage_offset() + {a.offset})")
+        elif isinstance(o, Node):
             rets.append(buffer_names[o])
         else:
             g_name = f"const{len(g)}"

@@ -24,7 +24,7 @@ class Op(enum.Enum):
     VIEW = "view"  # attrs: (index_map, valid, fill): out[i] = src[map(i)] if valid(i) else fill
     GATHER = "gather"  # attrs: (index_map,) map may use symbols v0.. = inputs[1..][i]
     REDUCE = "reduce"  # attrs: (kind, axes): reduce inputs[0] over axes (dropped)
-    EXTERN = "extern"  # attrs: (target, args, kwargs, layouts, reason): an ATen call
+    EXTERN = "extern"  # attrs: (target, args, kwargs, layouts, reason, single): an ATen call
     ITEM = "item"  # attrs: (k,): the k-th result of a multi-output EXTERN
 
 
@@ -122,8 +122,7 @@ def _attr_str(node: Node) -> str:
     if node.op is Op.GATHER:
         return "[" + ", ".join(map(str, a[0])) + "]"
     if node.op is Op.EXTERN:
-        target, args, kwargs, _layouts, _reason = a
-        return f"{target}"
+        return f"{a[0]}"
     if node.op is Op.INPUT:
         return f"{a[0]}, stride={list(a[1])}"
     return ", ".join(str(x) for x in a)

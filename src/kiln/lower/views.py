@@ -68,3 +68,24 @@ def _squeeze(ctx: LowerCtx, x, dim=None):
 @lowering(aten.constant_pad_nd.default)
 def _pad(ctx: LowerCtx, x, pad, value=0):
     return core.pad(ctx.b, x, pad, value)
+
+
+@lowering(aten.split_with_sizes.default)
+def _split_with_sizes(ctx: LowerCtx, x, split_sizes, dim=0):
+    out, start = [], 0
+    for size in split_sizes:
+        out.append(core.slice_(ctx.b, x, dim, start, start + size))
+        start += size
+    return tuple(out)
+
+
+@lowering(aten.split.Tensor)
+def _split(ctx: LowerCtx, x, split_size, dim=0):
+    n = x.shape[dim % len(x.shape)]
+    sizes = [min(split_size, n - s) for s in range(0, n, split_size)] or [0]
+    return _split_with_sizes(ctx, x, sizes, dim)
+
+
+@lowering(aten.unbind.int)
+def _unbind(ctx: LowerCtx, x, dim=0):
+    return tuple(core.select(ctx.b, x, dim, i) for i in range(x.shape[dim % len(x.shape)]))

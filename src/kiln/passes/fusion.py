@@ -84,6 +84,25 @@ def _affine_view_of_buffer(n: Node, stored: dict[Node, str], layouts) -> Alias |
     return Alias(base, n.shape, stride, linear.const)
 
 
+def _store_base_of_view(n: Node, stored: dict[Node, str], aliases: dict[Node, Alias], layouts) -> bool:
+    """Make n an alias of a stored tensor when it is an affine view of one. A view of a
+    computed tensor stores that tensor instead (in its natural layout, so that its
+    kernel keeps the row structure of reductions), when the view then is affine."""
+    if n.op is not Op.VIEW or n.attrs[1]:
+        return False
+    base = n.inputs[0]
+    newly_stored = base not in stored and base.op not in (Op.CONSTANT,)
+    if newly_stored:
+        stored[base] = f"viewed by %{n.id}, which is then passed on without a copy"
+    alias = _affine_view_of_buffer(n, stored, layouts)
+    if alias is None:
+        if newly_stored:
+            del stored[base]
+        return False
+    aliases[n] = alias
+    return True
+
+
 def _reachable_reductions(root: Node, stored: dict[Node, str]) -> list[Node]:
     """Reductions a kernel storing root would compute (not crossing stored tensors)."""
     found, seen, stack = [], set(), list(root.inputs)
@@ -138,17 +157,17 @@ def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alia
             if n.op is Op.EXTERN:
                 decisions.append(Decision(_label(n) + f" {n.attrs[0]}", "extern", n.attrs[4]))
     for o in graph.output_nodes():
-        if o not in stored:
+        if o not in stored and not _store_base_of_view(o, stored, aliases, layouts):
             stored[o] = "graph output"
+        elif o in aliases:
+            decisions.append(Decision(_label(o), "alias", "output is a strided view of a stored tensor"))
     for n in graph.nodes:
         if n.op is not Op.EXTERN:
             continue
         for i in n.inputs:
             if i in stored or i in aliases:
                 continue
-            alias = _affine_view_of_buffer(i, stored, layouts)
-            if alias is not None:
-                aliases[i] = alias
+            if _store_base_of_view(i, stored, aliases, layouts):
                 decisions.append(Decision(_label(i), "alias", f"strided view of a buffer passed to {n.attrs[0]}"))
             else:
                 stored[i] = f"argument of ATen call {n.attrs[0]}"
