@@ -23,8 +23,10 @@ PARALLEL_MIN_WORK = 1 << 15
 STORAGE_TYPE = {
     torch.float32: "float", torch.float64: "double", torch.bfloat16: "uint16_t",
     torch.float16: "_Float16", torch.int64: "int64_t", torch.int32: "int32_t",
-    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "uint8_t",
 }
+# bool tensors are read as bytes and compared with 0: loads of C++ bool block vectorization.
+COMPUTE_TYPE = {**STORAGE_TYPE, torch.bool: "bool"}
 
 
 class CppUnsupported(Exception):
@@ -34,9 +36,9 @@ class CppUnsupported(Exception):
 def ctype(dtype: torch.dtype) -> str:
     """The C type a value of this dtype is computed in."""
     dtype = compute_dtype(dtype)
-    if dtype not in STORAGE_TYPE:
+    if dtype not in COMPUTE_TYPE:
         raise CppUnsupported(f"dtype {dtype} has no C++ type")
-    return STORAGE_TYPE[dtype]
+    return COMPUTE_TYPE[dtype]
 
 
 def render_index(e: Expr) -> str:
@@ -173,6 +175,25 @@ def _reduce_init(kind: str, t: torch.dtype) -> str:
     return f"std::numeric_limits<{ctype(t)}>::{'lowest' if low else 'max'}()"
 
 
+_OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&"}
+
+
+def _simd_pragma(reductions: list[k.Reduce]) -> str:
+    """SIMD over the innermost reduction loop, accumulators as OpenMP reductions.
+    argmax/argmin keep a sequential first-index rule, so their loops stay scalar."""
+    if any(r.kind in ("argmax", "argmin") for r in reductions):
+        return "// sequential: first index wins"
+    pragma = "#pragma omp simd"
+    for r in reductions:
+        op = _OMP_REDUCTION[r.kind]
+        if r.kind in ("max", "min") and compute_dtype(r.dtype) is torch.bool:
+            op = "||" if r.kind == "max" else "&&"
+        pragma += f" reduction({op}:{r.out})"
+        if r.kind in ("max", "min") and compute_dtype(r.dtype).is_floating_point:
+            pragma += f" reduction(|:{r.out}_nan)"
+    return pragma
+
+
 class _Renderer:
     def __init__(self, kernel: k.Kernel):
         self.k = kernel
@@ -190,6 +211,8 @@ class _Renderer:
                 value = f"kiln_from_bf16({value})"
             elif s.dtype is torch.float16:
                 value = f"(float){value}"
+            elif s.dtype is torch.bool:
+                value = f"({value} != 0)"
             if s.mask:
                 value = f"({s.mask} ? {value} : ({ctype(t)})0)"
             self.types[s.out] = s.dtype
@@ -231,10 +254,16 @@ class _Renderer:
         elif s.kind == "all":
             self.emit(depth, f"{acc} = {acc} && {v};")
         elif s.kind in ("max", "min"):
-            fn = "maximum" if s.kind == "max" else "minimum"
-            t = ctype(s.dtype)
-            self.emit(depth, f"{acc} = kiln_{fn}<{t}>({acc}, {v});" if t != "bool" else
-                      f"{acc} = {acc} {'||' if s.kind == 'max' else '&&'} {v};")
+            t = compute_dtype(s.dtype)
+            cmp = ">" if s.kind == "max" else "<"
+            if t is torch.bool:
+                self.emit(depth, f"{acc} = {acc} {'||' if s.kind == 'max' else '&&'} {v};")
+            else:
+                # a plain compare-select vectorizes as an OpenMP max/min reduction; NaN is
+                # tracked on the side and restores eager's NaN propagation after the loop
+                self.emit(depth, f"{acc} = {v} {cmp} {acc} ? {v} : {acc};")
+                if t.is_floating_point:
+                    self.emit(depth, f"{acc}_nan |= ({v} != {v});")
         else:  # argmax / argmin: the first position of the extreme value (NaN counts as extreme)
             cmp = ">" if s.kind == "argmax" else "<"
             best = f"{acc}_v"
@@ -251,6 +280,13 @@ class _Renderer:
         else:
             self.emit(depth, f"{ctype(t)} {s.out} = {_reduce_init(s.kind, t)};")
             self.types[s.out] = t
+            if s.kind in ("max", "min") and t.is_floating_point:
+                self.emit(depth, f"bool {s.out}_nan = false;")
+
+    def reduce_finish(self, s: k.Reduce, depth: int) -> None:
+        t = compute_dtype(s.dtype)
+        if s.kind in ("max", "min") and t.is_floating_point:
+            self.emit(depth, f"if ({s.out}_nan) {s.out} = std::numeric_limits<{ctype(t)}>::quiet_NaN();")
 
     def loop_stage(self, stage: k.Stage, depth: int) -> None:
         reductions = [s for s in stage.body if isinstance(s, k.Reduce)]
@@ -259,23 +295,15 @@ class _Renderer:
         syms = self.k.reduce
         for i, sym in enumerate(syms):
             if i == len(syms) - 1:
-                simple = [r.out for r in reductions if r.kind in ("sum", "prod")]
-                others = [r for r in reductions if r.kind not in ("sum", "prod")]
-                pragma = "#pragma omp simd"
-                plus = [r.out for r in reductions if r.kind == "sum"]
-                times = [r.out for r in reductions if r.kind == "prod"]
-                if plus:
-                    pragma += f" reduction(+:{', '.join(plus)})"
-                if times:
-                    pragma += f" reduction(*:{', '.join(times)})"
-                if not others or simple == [r.out for r in reductions]:
-                    self.emit(depth + i, pragma)
+                self.emit(depth + i, _simd_pragma(reductions))
             self.emit(depth + i, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
         inner = depth + len(syms)
         for s in stage.body:
             self.stmt(s, inner)
         for i in reversed(range(len(syms))):
             self.emit(depth + i, "}")
+        for r in reductions:
+            self.reduce_finish(r, depth)
 
     def render(self) -> str:
         kern = self.k

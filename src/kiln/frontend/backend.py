@@ -60,5 +60,11 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options
     def compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
         return compile_aten_graph(g, inputs, options)
 
-    return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler,
-                                 decompositions=decomposition_table())
+    try:
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler,
+                                     decompositions=decomposition_table())
+    except Exception as e:  # noqa: BLE001 - tracing failed (e.g. a decomposition): run the graph as is
+        if env_debug():
+            raise
+        log.warning("kiln: graph runs in eager PyTorch, AOTAutograd failed: %s: %s", type(e).__name__, e)
+        return gm.forward

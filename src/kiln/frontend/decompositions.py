@@ -11,6 +11,7 @@ import functools
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._decomp.decompositions import native_batch_norm_helper
 
 aten = torch.ops.aten
 
@@ -21,7 +22,7 @@ DECOMPOSE = [
     aten.native_layer_norm, aten.native_group_norm, aten._softmax_backward_data,
     aten._log_softmax_backward_data, aten.gelu_backward, aten.silu_backward, aten.std_mean,
     aten.addcmul, aten.addcdiv, aten.glu, aten.threshold, aten.mse_loss, aten.logaddexp,
-    aten._native_batch_norm_legit_no_training, aten.native_batch_norm, aten.nll_loss_forward,
+    aten.native_batch_norm, aten._native_batch_norm_legit_functional, aten.nll_loss_forward,
     aten.rsub, aten.lerp, aten.frac, aten.nan_to_num, aten.softshrink, aten.hardshrink,
 ]
 
@@ -31,10 +32,18 @@ KEEP = [aten.var.correction, aten.var_mean.correction, aten.std.correction, aten
         aten.index_select.default, aten.addmm.default, aten.mm.default, aten.bmm.default]
 
 
+def _batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    """PyTorch's own decomposition goes through the mutating _native_batch_norm_legit, which
+    AOTAutograd rejects below functionalization; the functional helper computes the same."""
+    return native_batch_norm_helper(input, weight, bias, running_mean, running_var, False, momentum, eps,
+                                    functional=True)[:3]
+
+
 @functools.cache
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(DECOMPOSE))
+    table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_no_training
     for op in KEEP:
         table.pop(op, None)
     return table

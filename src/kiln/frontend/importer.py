@@ -21,6 +21,13 @@ from kiln.lower.registry import lookup
 
 log = logging.getLogger("kiln")
 
+aten = torch.ops.aten
+_VENDOR = "runs in ATen by design: vendor BLAS/DNN kernels win here"
+EXTERN_BY_DESIGN = {op: _VENDOR for op in (
+    aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
+    aten.convolution.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+)}
+
 
 def _layouts(val: Any) -> tuple:
     if isinstance(val, torch.Tensor):
@@ -98,7 +105,7 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str]) ->
         return src[k]
     name = str(n.target)
     fn = lookup(n.target)
-    reason = "no kiln lowering for this op"
+    reason = EXTERN_BY_DESIGN.get(n.target, "no kiln lowering for this op")
     if fn is not None:
         single = isinstance(val, torch.Tensor)
         ctx = LowerCtx(b, n.target, tuple(val.shape) if single else None, val.dtype if single else None)

@@ -58,12 +58,13 @@ class Expr:
     const: int = 0
 
     def __str__(self) -> str:
-        parts = []
-        for atom, coef in self.terms:
-            parts.append(str(atom) if coef == 1 else f"{coef} * {atom}")
+        parts = [(c, str(a) if abs(c) == 1 else f"{abs(c)} * {a}") for a, c in self.terms]
         if self.const or not parts:
-            parts.append(str(self.const))
-        return " + ".join(parts).replace("+ -", "- ")
+            parts.append((self.const, str(abs(self.const))))
+        text = ("-" if parts[0][0] < 0 else "") + parts[0][1]
+        for c, p in parts[1:]:
+            text += f" - {p}" if c < 0 else f" + {p}"
+        return text
 
     # arithmetic -----------------------------------------------------------------
     def __add__(self, other: Expr | int) -> Expr:
@@ -156,32 +157,42 @@ def _make(terms: list[tuple[Atom, int]], const: int) -> Expr:
         merged[atom] = merged.get(atom, 0) + c
     # a symbol of extent 1 is always 0
     merged = {a: c for a, c in merged.items() if c != 0 and atom_bounds(a) != (0, 0)}
-    merged = _coalesce(merged)
+    while (hit := _find_split(merged)) is not None:
+        const += _join(merged, *hit)
     ordered = tuple(sorted(merged.items(), key=lambda t: _atom_key(t[0])))
     return Expr(ordered, const)
 
 
-def _coalesce(terms: dict[Atom, int]) -> dict[Atom, int]:
-    """(e // d) * d*k + (e % d) * k == e * k: undoes the split that a reshape introduces."""
-    changed = True
-    while changed:
-        changed = False
-        for atom, c in list(terms.items()):
-            if not isinstance(atom, Mod) or atom not in terms:
-                continue
+def _find_split(terms: dict[Atom, int]) -> tuple[Atom, Atom, Expr, int] | None:
+    """A pair of terms (e // d) * d*c and (e % d) * c, which sum to e * c: the split that a
+    reshape introduces. The remainder may be in simplified form, e.g. ((x % 12) // 4) * 4 +
+    x % 4 == x % 12. Returns (quotient atom, remainder atom, e, c)."""
+    for atom, c in terms.items():  # remainder first: (e % d) * c with e // d a single atom
+        if isinstance(atom, Mod):
             quotient = floordiv(atom.arg, atom.divisor)
-            if len(quotient.terms) != 1 or quotient.terms[0][1] != 1 or quotient.const:
-                continue
-            partner = quotient.terms[0][0]
-            if terms.get(partner) == c * atom.divisor:
-                del terms[atom], terms[partner]
-                for a2, c2 in atom.arg.terms:
-                    terms[a2] = terms.get(a2, 0) + c2 * c
-                # the constant of a coalesced argument is always 0 (see floordiv/mod)
-                terms = {a: k for a, k in terms.items() if k != 0}
-                changed = True
-                break
-    return terms
+            if len(quotient.terms) == 1 and quotient.terms[0][1] == 1 and not quotient.const:
+                partner = quotient.terms[0][0]
+                if terms.get(partner) == c * atom.divisor:
+                    return partner, atom, atom.arg, c
+    for atom, k in terms.items():  # quotient first: (e // d) * d*c with e % d a single atom
+        if isinstance(atom, FloorDiv) and k % atom.divisor == 0:
+            c = k // atom.divisor
+            rem = mod(atom.arg, atom.divisor)
+            if len(rem.terms) == 1 and not rem.const and rem.terms[0][1] == 1:
+                partner = rem.terms[0][0]
+                if partner != atom and terms.get(partner) == c:
+                    return atom, partner, atom.arg, c
+    return None
+
+
+def _join(terms: dict[Atom, int], quotient: Atom, remainder: Atom, e: Expr, c: int) -> int:
+    """Replace the two terms by e * c in place; returns the constant that e * c adds."""
+    del terms[quotient], terms[remainder]
+    for a, k in e.terms:
+        terms[a] = terms.get(a, 0) + k * c
+        if terms[a] == 0:
+            del terms[a]
+    return e.const * c
 
 
 def floordiv(e: Expr, d: int) -> Expr:
@@ -213,6 +224,7 @@ def mod(e: Expr, d: int) -> Expr:
         raise ValueError("remainder of an index by a non-positive number")
     if d == 1:
         return Expr()
+    e = _drop_inner_mods(e, d)
     rest = Expr(tuple((a, c) for a, c in e.terms if c % d != 0), e.const % d)
     if not rest.terms:
         return Expr((), rest.const)
@@ -222,6 +234,17 @@ def mod(e: Expr, d: int) -> Expr:
     if b is not None and b[0] >= 0:
         return _make([(Mod(rest, d), 1)], 0)
     return _make([(Mod(e, d), 1)], 0)
+
+
+def _drop_inner_mods(e: Expr, d: int) -> Expr:
+    """(x % (k * d)) % d == x % d: the inner remainder only removes multiples of d."""
+    if not any(isinstance(a, Mod) and a.divisor % d == 0 for a, _ in e.terms):
+        return e
+    out = Expr((), e.const)
+    for atom, c in e.terms:
+        inner = atom.arg if isinstance(atom, Mod) and atom.divisor % d == 0 else as_expr(atom)
+        out = out + inner * c
+    return out
 
 
 def substitute(e: Expr, mapping: dict[Sym, Expr]) -> Expr:

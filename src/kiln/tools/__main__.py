@@ -1,0 +1,65 @@
+"""The `kiln` command: demo, explain, cache, bench."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+
+
+def _cache(args) -> int:
+    from kiln.options import env_cache_dir
+
+    root = env_cache_dir()
+    if args.action == "clear":
+        shutil.rmtree(root, ignore_errors=True)
+        print(f"cleared {root}")
+        return 0
+    import os
+
+    files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+    size = sum(os.path.getsize(f) for f in files)
+    print(f"{root}: {len(files)} files, {size / 1e6:.1f} MB")
+    return 0
+
+
+def _explain(args) -> int:
+    import torch
+
+    from kiln.tools.demo import Block
+    from kiln.tools.explain import explain
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        print(explain(Block().eval(), torch.randn(2, 16, 256), show_kernels=True, show_source=args.source))
+    return 0
+
+
+def _bench(args) -> int:
+    import runpy
+
+    sys.argv = ["benchmarks.run", *args.rest]
+    runpy.run_module("benchmarks.run", run_name="__main__")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kiln", description="kiln, a compiler for PyTorch programs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="compile a small transformer block, check it and time it")
+    ex = sub.add_parser("explain", help="show passes, fusion decisions and kernels of the demo block")
+    ex.add_argument("--source", action="store_true", help="also print the generated C++ and host code")
+    cache = sub.add_parser("cache", help="show or clear kiln's kernel cache")
+    cache.add_argument("action", nargs="?", choices=["info", "clear"], default="info")
+    bench = sub.add_parser("bench", help="run benchmarks/ (from a source checkout)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from kiln.tools.demo import main as demo
+
+        return demo()
+    return {"explain": _explain, "cache": _cache, "bench": _bench}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

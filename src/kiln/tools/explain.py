@@ -1,0 +1,66 @@
+"""Readable accounts of what kiln did with a graph: passes, fusion decisions, fallbacks,
+kernels. `kiln.explain(fn, *args)` compiles fn on args and returns the text."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from kiln.ir.kernel import kernel_str
+from kiln.passes.pipeline import CompileReport
+
+
+def kernel_summary(k) -> str:
+    from kiln.ir.kernel import Reduce, Store
+
+    stores = [s.buf for st in k.stages for s in st.body if isinstance(s, Store)]
+    reductions = [s.kind for st in k.stages for s in st.body if isinstance(s, Reduce)]
+    reads = [p.name for p in k.params if not p.is_output]
+    dims = "x".join(str(s.extent) for s in k.outer) or "1"
+    if k.reduce:
+        dims += " rows of " + "x".join(str(s.extent) for s in k.reduce)
+    fused = f", reductions fused: {', '.join(reductions)}" if reductions else ""
+    return f"{k.name}: {dims}; reads {', '.join(reads) or '-'}; writes {', '.join(stores)}{fused}"
+
+
+def report_text(report: CompileReport, show_kernels: bool = False, show_source: bool = False) -> str:
+    lines = ["passes:"]
+    for p in report.passes:
+        lines.append(f"  {p.name:<15} {p.seconds * 1e3:8.1f} ms  {p.summary}")
+    lines.append(f"kernels: {report.num_kernels}")
+    for k in report.kernels:
+        lines.append(f"  {kernel_summary(k)}")
+    verdicts = Counter(d.verdict for d in report.decisions)
+    lines.append("decisions: " + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items())))
+    for d in report.decisions:
+        lines.append(f"  {d.verdict:<7} {d.node}: {d.reason}")
+    if report.fallbacks:
+        lines.append("ran in ATen:")
+        for op, why in sorted(report.fallbacks.items()):
+            lines.append(f"  {op}: {why}")
+    if show_kernels:
+        lines.append("")
+        lines.extend(kernel_str(k) + "\n" for k in report.kernels)
+    if show_source:
+        lines.append(report.host_source)
+        for name, src in report.sources.items():
+            lines.append(src[src.index('extern "C"'):])
+    return "\n".join(lines)
+
+
+def explain(fn, *args, show_kernels: bool = True, show_source: bool = False, **options) -> str:
+    """Compile fn with kiln on args and describe every graph it produced."""
+    import kiln
+    from kiln.frontend.backend import REPORTS
+
+    torch._dynamo.reset()
+    before = len(REPORTS)
+    kiln.compile(fn, **options)(*args)
+    reports = REPORTS[before:]
+    if not reports:
+        return "kiln compiled no graph (everything ran in eager or ATen; see the log)"
+    parts = []
+    for i, r in enumerate(reports):
+        parts.append(f"== graph {i} ==\n" + report_text(r, show_kernels, show_source))
+    return "\n\n".join(parts)
