@@ -168,7 +168,7 @@ def machine_lines() -> list[str]:
 
 
 def write_markdown(path: str, results: list[CaseResult], *, command: str, started: datetime.datetime,
-                   copy_gbs: float, repeat: int, elapsed_s: float) -> None:
+                   copy_gbs: float, startup: dict[str, float], repeat: int, elapsed_s: float) -> None:
     parts = [
         "# kiln benchmarks (CPU)",
         "",
@@ -176,6 +176,8 @@ def write_markdown(path: str, results: list[CaseResult], *, command: str, starte
         "",
         *machine_lines(),
         f"- memory ceiling: a 128 MiB eager copy moves {copy_gbs:.1f} GB/s (bytes read + written)",
+        f"- one-time start-up (the first compile in the process, a one-line function, cold caches): "
+        f"Inductor {startup['inductor']:.1f} s, kiln {startup['kiln']:.2f} s",
         "",
         "## Steady state (warm) and cold compile",
         "",
@@ -200,9 +202,9 @@ def write_markdown(path: str, results: list[CaseResult], *, command: str, starte
         "divided by kiln's median time; compare it with the copy ceiling above.",
         "- **Cold compile** (s columns): the wall time of a compiled function's first call minus one "
         "eager run, with Inductor's and kiln's caches in fresh empty folders (`TORCHINDUCTOR_CACHE_DIR`, "
-        "`KILN_CACHE_DIR`) and `torch._dynamo.reset()` before each compile; Dynamo's and AOTAutograd's "
-        "one-time start-up is paid before the first case. Inductor compiles first in each case; its "
-        "compile-worker pool, once started by the first case, stays up for the later ones.",
+        "`KILN_CACHE_DIR`) and `torch._dynamo.reset()` before each compile. Each compiler's one-time "
+        "start-up in the process (Dynamo, AOTAutograd, imports, Inductor's compile workers) is paid "
+        "before the first case and reported above, not in these columns.",
         "- **Warm start**: a new Python process compiles the case with kiln on the cache the cold run "
         "filled. `kiln pass time` is the sum of kiln's pass times in its compile reports; `first call` "
         "is the compiled function's first call (Dynamo capture, AOTAutograd, kiln, one run); `process "

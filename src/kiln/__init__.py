@@ -14,7 +14,7 @@ import torch
 from kiln.options import Options
 
 __version__ = "0.1.0"
-__all__ = ["compile", "jit", "Options", "__version__"]
+__all__ = ["compile", "jit", "explain", "Options", "__version__"]
 
 
 def compile(model_or_fn: Callable | None = None, **options: Any) -> Callable:
@@ -47,3 +47,10 @@ def _register_backend() -> None:
 
 
 _register_backend()
+
+
+def explain(fn: Callable, *args: Any, **options: Any) -> str:
+    """Compile fn on args and describe the passes, fusion decisions and kernels."""
+    from kiln.tools.explain import explain as _explain
+
+    return _explain(fn, *args, **options)

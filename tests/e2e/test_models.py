@@ -193,6 +193,14 @@ def test_in_place_slice_assignment_on_input():
     check(f, torch.randn(4, 8), torch.randn(4, 8))
 
 
+def test_tensor_constants_in_the_graph():
+    def f(x):
+        out = x * torch.tensor([1.0, 2.0, 3.0]) + torch.tensor(0.5)
+        return out, torch.tensor([[4, 5]])
+
+    check(f, torch.randn(2, 3))
+
+
 def test_in_place_update_is_visible_to_caller_through_same_object():
     def f(x):
         x.mul_(3)

@@ -58,6 +58,8 @@ def render_index(e: Expr) -> str:
 
 
 def literal(value, dtype: torch.dtype) -> str:
+    if dtype in (torch.bfloat16, torch.float16):
+        value = torch.tensor(float(value), dtype=dtype).item()  # a constant of this dtype holds its value
     dtype = compute_dtype(dtype)
     if dtype is torch.bool:
         return "true" if value else "false"
@@ -145,7 +147,9 @@ def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
     if fn == "floordiv":
         return f"kiln_floordiv_fp<{ctype(t)}>({a[0]}, {a[1]})" if is_fp else f"kiln_floordiv({a[0]}, {a[1]})"
     if fn == "truncdiv":
-        return f"std::trunc({a[0]} / {a[1]})" if is_fp else f"kiln_truncdiv({a[0]}, {a[1]})"
+        if not is_fp:
+            return f"kiln_truncdiv({a[0]}, {a[1]})"
+        return f"std::trunc({_round_like(f'{a[0]} / {a[1]}', arg_types)})"
     if fn == "remainder":
         return f"kiln_remainder_fp<{ctype(t)}>({a[0]}, {a[1]})" if is_fp else f"kiln_remainder({a[0]}, {a[1]})"
     if fn == "fmod":
@@ -159,6 +163,15 @@ def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
     if fn in ("floor", "ceil", "round", "trunc"):
         return a[0]
     raise CppUnsupported(f"no C++ rendering of {fn} on {t}")
+
+
+def _round_like(expr: str, arg_types: list[torch.dtype]) -> str:
+    """expr rounded to the operands' dtype when all are bf16 (or all f16): eager rounds there."""
+    if arg_types and all(t is torch.bfloat16 for t in arg_types):
+        return f"kiln_round_bf16({expr})"
+    if arg_types and all(t is torch.float16 for t in arg_types):
+        return f"kiln_round_f16({expr})"
+    return f"({expr})"
 
 
 _REDUCE_INIT = {"sum": "0", "prod": "1", "any": "false", "all": "true"}
@@ -335,6 +348,8 @@ class _Renderer:
             sym = simd_outer[0]
             self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
             depth += 1
+        for sc in kern.scratch:
+            self.emit(depth, f"alignas(64) {ctype(sc.dtype)} {sc.name}[{kern.reduce_numel}];")
         for stage in kern.stages:
             if stage.loop and kern.reduce:
                 self.loop_stage(stage, depth)

@@ -62,6 +62,6 @@ static inline int64_t kiln_pow(int64_t a, int64_t b) {
   while (b) { if (b & 1) r *= a; a *= a; b >>= 1; }
   return r;
 }
-template <typename T> static inline T kiln_sign(T a) { return (a != a) ? a : (T)((a > 0) - (a < 0)); }
+template <typename T> static inline T kiln_sign(T a) { return (T)((a > 0) - (a < 0)); }  // sign(NaN) == 0 in eager
 template <typename T> static inline T kiln_sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
 static inline float kiln_sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }

@@ -63,6 +63,8 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options
     try:
         return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler,
                                      decompositions=decomposition_table())
+    except torch._dynamo.exc.RestartAnalysis:
+        raise  # Dynamo's own control flow: it re-traces the frame
     except Exception as e:  # noqa: BLE001 - tracing failed (e.g. a decomposition): run the graph as is
         if env_debug():
             raise

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.ir.tensor import ArgRef, Builder, Graph, Layout, Node, Op
 from kiln.lower.context import LowerCtx
-from kiln.lower.core import Unsupported, cast
+from kiln.lower.core import Unsupported, cast, constant
 from kiln.lower.registry import lookup
 
 log = logging.getLogger("kiln")
@@ -76,6 +76,8 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Graph, 
             else:
                 env[n] = ex
             position += 1
+        elif n.op == "get_attr":
+            env[n] = _tensor_constant(b, _fetch_attr(gm, n.target))
         elif n.op == "call_function":
             env[n] = _lower_call(b, n, env, fallbacks)
         elif n.op == "output":
@@ -93,6 +95,39 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Graph, 
     raise Unsupported("FX graph has no output")
 
 
+class _TensorConstant:
+    """An ATen-side 'call' that yields a tensor constant of the graph (a fresh copy, so
+    that a caller who gets it back as an output cannot change the graph's value)."""
+
+    def __init__(self, value: torch.Tensor):
+        self.value = value
+
+    def __call__(self) -> torch.Tensor:
+        return self.value.clone()
+
+    def __str__(self) -> str:
+        return f"tensor_constant{list(self.value.shape)}"
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _tensor_constant(b: Builder, value: Any) -> Any:
+    """A graph constant: a scalar tensor becomes a constant node, a larger one a buffer.
+    The compiler runs under AOTAutograd's fake mode; the constant is a real tensor."""
+    if not isinstance(value, torch.Tensor):
+        raise Unsupported(f"graph attribute of type {type(value).__name__} is not handled")
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        value = value.detach()
+        if value.dim() == 0 and not value.is_complex():
+            return constant(b, value.item(), value.dtype)
+        return _extern(b, _TensorConstant(value), (), {}, value, "tensor constant of the graph")
+
+
 def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str]) -> Any:
     args = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.args)
     kwargs = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.kwargs)
@@ -108,7 +143,7 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str]) ->
     reason = EXTERN_BY_DESIGN.get(n.target, "no kiln lowering for this op")
     if fn is not None:
         single = isinstance(val, torch.Tensor)
-        ctx = LowerCtx(b, n.target, tuple(val.shape) if single else None, val.dtype if single else None)
+        ctx = LowerCtx(b, n.target, tuple(val.shape) if single else None, val.dtype if single else None, n)
         try:
             result = fn(ctx, *args, **kwargs)
             if single:

@@ -94,12 +94,22 @@ class Param:
 
 
 @dataclass(frozen=True)
+class Scratch:
+    """A row-sized local array (one per outer point): a value computed in one loop stage
+    and read again by later stages is kept here instead of being recomputed."""
+
+    name: str
+    dtype: torch.dtype  # a compute dtype
+
+
+@dataclass(frozen=True)
 class Kernel:
     name: str
     outer: tuple[Sym, ...]
     reduce: tuple[Sym, ...]
     params: tuple[Param, ...]
     stages: tuple[Stage, ...]
+    scratch: tuple[Scratch, ...] = ()
 
     @property
     def outer_numel(self) -> int:
@@ -149,6 +159,8 @@ def kernel_str(k: Kernel) -> str:
     lines = [f"kernel {k.name}({params})", f"  outer: {dims(k.outer) or '()'}"]
     if k.reduce:
         lines.append(f"  reduce: {dims(k.reduce)}")
+    for sc in k.scratch:
+        lines.append(f"  scratch {sc.name}: {sc.dtype}[{k.reduce_numel}]")
     for i, st in enumerate(k.stages):
         lines.append(f"  stage {i} ({'loop' if st.loop else 'row'}):")
         lines.extend(f"    {_stmt_str(s)}" for s in st.body)

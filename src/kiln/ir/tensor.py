@@ -181,7 +181,7 @@ class Builder:
         meta: dict | None = None,
     ) -> Node:
         shape = tuple(int(s) for s in shape)
-        key = (op, tuple(i.id for i in inputs), attrs, shape, dtype)
+        key = (op, tuple(i.id for i in inputs), _attrs_key(attrs), shape, dtype)
         pure = op not in (Op.EXTERN, Op.INPUT)  # externs may be random or effectful
         if pure:
             try:
@@ -198,6 +198,16 @@ class Builder:
 
     def finish(self, outputs: list[Any], num_inputs: int, output_strides=None) -> Graph:
         return Graph(list(self.nodes), list(outputs), num_inputs, list(output_strides or []))
+
+
+def _attrs_key(attrs: Any) -> Any:
+    """attrs for hash-consing: floats by their text, so that 0.0 and -0.0 stay apart (they
+    compare equal) and NaN constants are shared (they compare unequal)."""
+    if isinstance(attrs, float):
+        return ("float", repr(attrs))
+    if isinstance(attrs, tuple):
+        return tuple(_attrs_key(a) for a in attrs)
+    return attrs
 
 
 def index_map_of_view(node: Node) -> tuple[Expr, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.fx as fx
 
 from kiln.ir.tensor import Builder
 
@@ -15,3 +16,11 @@ class LowerCtx:
     target: object  # the ATen overload being lowered
     out_shape: tuple[int, ...] | None  # from the FX node's fake tensor, when it has one
     out_dtype: torch.dtype | None
+    fx_node: fx.Node | None = None  # the call being lowered; its inputs' fake tensors tell their layouts
+
+    def arg_val(self, k: int) -> torch.Tensor | None:
+        """The fake tensor of the k-th positional argument, when it has one."""
+        if self.fx_node is None or len(self.fx_node.args) <= k or not isinstance(self.fx_node.args[k], fx.Node):
+            return None
+        val = self.fx_node.args[k].meta.get("val")
+        return val if isinstance(val, torch.Tensor) else None

@@ -222,6 +222,8 @@ def pointwise(b: Builder, fn: str, *args: Node | Scalar, out_dtype: torch.dtype 
         dtype = torch.bool if (fn == "where" and k == 0) else compute
         if fn in ("logical_and", "logical_or", "logical_xor", "logical_not"):
             dtype = torch.bool
+        if k == 1 and _keeps_scalar_precision(fn, a, compute):
+            dtype = torch.float32
         n = cast(b, as_node(b, a, dtype), dtype)
         nodes.append(expand(b, n, shape))
     result_dtype = torch.bool if fn in PREDICATES else compute
@@ -229,6 +231,17 @@ def pointwise(b: Builder, fn: str, *args: Node | Scalar, out_dtype: torch.dtype 
         raise Unsupported("shift of floating-point values")
     out = b.make(Op.POINTWISE, tuple(nodes), (fn,), shape, result_dtype)
     return cast(b, out, out_dtype) if out_dtype is not None else out
+
+
+# Eager multiplies and divides a low-precision tensor by a scalar operand (a Python number
+# or a 0-d tensor) without first rounding the scalar to the tensor's dtype; other ops round it.
+_OPMATH_SCALAR_FNS = frozenset({"mul", "div", "floordiv", "truncdiv"})
+
+
+def _keeps_scalar_precision(fn: str, operand: Node | Scalar, compute: torch.dtype) -> bool:
+    if fn not in _OPMATH_SCALAR_FNS or compute not in (torch.bfloat16, torch.float16):
+        return False
+    return not isinstance(operand, Node) or operand.shape == ()
 
 
 def reduce(b: Builder, kind: str, x: Node, dims: Sequence[int] | None, keepdim: bool,

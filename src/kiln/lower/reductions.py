@@ -57,12 +57,12 @@ def _amin(ctx: LowerCtx, x, dim=(), keepdim=False):
 
 @lowering(aten.argmax.default)
 def _argmax(ctx: LowerCtx, x, dim=None, keepdim=False):
-    return reduce(ctx.b, "argmax", x, _dims(x, dim), keepdim and dim is not None, torch.int64)
+    return reduce(ctx.b, "argmax", x, _dims(x, dim), keepdim, torch.int64)
 
 
 @lowering(aten.argmin.default)
 def _argmin(ctx: LowerCtx, x, dim=None, keepdim=False):
-    return reduce(ctx.b, "argmin", x, _dims(x, dim), keepdim and dim is not None, torch.int64)
+    return reduce(ctx.b, "argmin", x, _dims(x, dim), keepdim, torch.int64)
 
 
 @lowering(aten.max.dim)

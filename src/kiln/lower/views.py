@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from kiln.lower.context import LowerCtx
+from kiln.ir import index as ix
+from kiln.ir.tensor import dim_syms
 from kiln.lower import core
+from kiln.lower.context import LowerCtx
+from kiln.lower.core import Unsupported
 from kiln.lower.registry import lowering
 
 aten = torch.ops.aten
@@ -89,3 +92,26 @@ def _split(ctx: LowerCtx, x, split_size, dim=0):
 @lowering(aten.unbind.int)
 def _unbind(ctx: LowerCtx, x, dim=0):
     return tuple(core.select(ctx.b, x, dim, i) for i in range(x.shape[dim % len(x.shape)]))
+
+
+@lowering(aten.as_strided.default)
+def _as_strided(ctx: LowerCtx, x, size, stride, storage_offset=None):
+    """A strided view of x's storage: only when that storage is x itself, laid out row-major."""
+    val = ctx.arg_val(0)
+    if val is None or not _owns_contiguous_storage(val) or x.numel == 0:
+        raise Unsupported("as_strided of a tensor whose storage layout is not plain row-major")
+    syms = dim_syms(tuple(size))
+    linear = ix.as_expr(storage_offset or 0)
+    for sym, st in zip(syms, stride):
+        linear = linear + ix.as_expr(sym) * st
+    index_map, inner = [], 1
+    for n in reversed(x.shape):
+        index_map.append(ix.mod(ix.floordiv(linear, inner), n))
+        inner *= n
+    return core.view(ctx.b, x, list(reversed(index_map)), size)
+
+
+def _owns_contiguous_storage(val: torch.Tensor) -> bool:
+    if not val.is_contiguous() or val.storage_offset() != 0:
+        return False
+    return val.untyped_storage().nbytes() == val.numel() * val.element_size()

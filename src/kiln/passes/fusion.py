@@ -84,10 +84,12 @@ def _affine_view_of_buffer(n: Node, stored: dict[Node, str], layouts) -> Alias |
     return Alias(base, n.shape, stride, linear.const)
 
 
-def _store_base_of_view(n: Node, stored: dict[Node, str], aliases: dict[Node, Alias], layouts) -> bool:
+def _store_base_of_view(n: Node, stored: dict[Node, str], aliases: dict[Node, Alias], layouts,
+                        want_stride: tuple[int, ...] | None = None) -> bool:
     """Make n an alias of a stored tensor when it is an affine view of one. A view of a
     computed tensor stores that tensor instead (in its natural layout, so that its
-    kernel keeps the row structure of reductions), when the view then is affine."""
+    kernel keeps the row structure of reductions), when the view then is affine and has
+    want_stride (eager's strides of an output), when given."""
     if n.op is not Op.VIEW or n.attrs[1]:
         return False
     base = n.inputs[0]
@@ -95,6 +97,8 @@ def _store_base_of_view(n: Node, stored: dict[Node, str], aliases: dict[Node, Al
     if newly_stored:
         stored[base] = f"viewed by %{n.id}, which is then passed on without a copy"
     alias = _affine_view_of_buffer(n, stored, layouts)
+    if alias is not None and want_stride is not None and alias.stride != tuple(want_stride):
+        alias = None
     if alias is None:
         if newly_stored:
             del stored[base]
@@ -143,6 +147,14 @@ def _domain(root: Node, stored: dict[Node, str]) -> tuple[tuple[int, ...], tuple
     return root.shape, ()
 
 
+def _eager_stride(graph: Graph, node: Node) -> tuple[int, ...] | None:
+    """The strides eager gives output node (its first occurrence), when known."""
+    for o, stride in zip(graph.outputs, graph.output_strides):
+        if o is node:
+            return stride
+    return None
+
+
 def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alias], list[Decision]]:
     """The nodes that must be buffers whatever the fusion: inputs, extern results, outputs,
     and extern arguments (unless an existing buffer can be viewed as one)."""
@@ -157,7 +169,7 @@ def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alia
             if n.op is Op.EXTERN:
                 decisions.append(Decision(_label(n) + f" {n.attrs[0]}", "extern", n.attrs[4]))
     for o in graph.output_nodes():
-        if o not in stored and not _store_base_of_view(o, stored, aliases, layouts):
+        if o not in stored and not _store_base_of_view(o, stored, aliases, layouts, _eager_stride(graph, o)):
             stored[o] = "graph output"
         elif o in aliases:
             decisions.append(Decision(_label(o), "alias", "output is a strided view of a stored tensor"))

@@ -24,8 +24,13 @@ class _StageBuilder:
         self.memo: dict[tuple, str] = {}
 
 
+# Rows up to this many elements keep reused values in a local array (C++ stack, L1/L2).
+ROW_SCRATCH_LIMIT = 16384
+
+
 class KernelEmitter:
-    def __init__(self, name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts):
+    def __init__(self, name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts,
+                 row_scratch: bool = True):
         self.name = name
         self.plan = plan
         self.buffer_names = buffer_names
@@ -37,6 +42,11 @@ class KernelEmitter:
         self.row_values: dict[Node, str] = {}
         self.params: dict[str, k.Param] = {}
         self.counter = 0
+        self.scratch: dict[int, k.Scratch] = {}  # node id -> row array holding its values
+        reduce_numel = 1
+        for sym in self.reduce:
+            reduce_numel *= sym.extent
+        self.use_scratch = row_scratch and bool(self.reduce) and reduce_numel <= ROW_SCRATCH_LIMIT
 
     # ------------------------------------------------------------------ helpers
     def _tmp(self) -> str:
@@ -73,6 +83,12 @@ class KernelEmitter:
         stage = self.stack[-1]
         if key in stage.memo:
             return stage.memo[key]
+        if node.id in self.scratch and mask is None and index == self._iter_index():
+            out = self._tmp()
+            sc = self.scratch[node.id]
+            self._emit(k.Load(out, sc.name, self._row_position(), sc.dtype))
+            stage.memo[key] = out
+            return out
         out = self._compute(node, index, mask)
         stage.memo[key] = out
         return out
@@ -187,16 +203,30 @@ class KernelEmitter:
         src = node.inputs[0]
         v = self.value(src, self._iter_index())
         acc = self._tmp()
-        position = None
-        if kind in ("argmax", "argmin"):
-            position = ix.as_expr(0)
-            for s in self.reduce:
-                position = position * s.extent + ix.as_expr(s)
+        position = self._row_position() if kind in ("argmax", "argmin") else None
         self._emit(k.Reduce(acc, kind, v, src.dtype, position))
+        if self.use_scratch and self._worth_keeping(src) and src.id not in self.scratch:
+            # later stages (softmax's normalization, a norm's second pass) read it back
+            sc = k.Scratch(f"row{len(self.scratch)}", compute_dtype(src.dtype))
+            self._emit(k.Store(sc.name, self._row_position(), v, sc.dtype))
+            self.scratch[src.id] = sc
         done = self.stack.pop()
         self.stages.append(k.Stage(True, tuple(done.body)))
         self.row_values[node] = acc
         return acc
+
+    def _row_position(self) -> Expr:
+        """Position within the reduction domain, row-major."""
+        position = ix.as_expr(0)
+        for s in self.reduce:
+            position = position * s.extent + ix.as_expr(s)
+        return position
+
+    def _worth_keeping(self, node: Node) -> bool:
+        """Anything beyond a plain load of a stored tensor costs more to recompute than to keep."""
+        while node.op is Op.VIEW and not node.attrs[1] and node not in self.buffer_names:
+            node = node.inputs[0]
+        return node not in self.buffer_names and node.op not in (Op.CONSTANT, Op.IOTA)
 
     # ------------------------------------------------------------------ kernel
     def build(self) -> k.Kernel:
@@ -206,6 +236,10 @@ class KernelEmitter:
             if root.op is Op.REDUCE:
                 row_stores.append(root)
                 continue
+            # Reductions first, so that values they keep in row arrays are read, not recomputed.
+            for r in _reductions_below(root, self.buffer_names):
+                if r not in self.row_values:
+                    self._reduction(r, self._row_index())
             self.stack.append(final)
             v = self.value(root, self._iter_index())
             self.stack.pop()
@@ -222,7 +256,22 @@ class KernelEmitter:
         if final.body:
             self.stages.append(k.Stage(True, tuple(final.body)))
         params = tuple(sorted(self.params.values(), key=lambda p: (p.is_output, p.name)))
-        return k.Kernel(self.name, self.outer, self.reduce, params, tuple(self.stages))
+        return k.Kernel(self.name, self.outer, self.reduce, params, tuple(self.stages),
+                        tuple(self.scratch.values()))
+
+
+def _reductions_below(root: Node, stored) -> list[Node]:
+    """Reductions an expression reads (without crossing stored tensors), inner ones first."""
+    found, seen, stack = [], set(), list(root.inputs)
+    while stack:
+        n = stack.pop()
+        if n in seen or n in stored:
+            continue
+        seen.add(n)
+        if n.op is Op.REDUCE:
+            found.append(n)
+        stack.extend(n.inputs)
+    return sorted(found, key=lambda n: n.id)
 
 
 def emit_kernel(name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts) -> k.Kernel:

@@ -8,6 +8,7 @@ through a Builder shares identical nodes (CSE) and visits only what the outputs 
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -37,12 +38,23 @@ def fold_constants(b: Builder, n: Node) -> Node | None:
 
 
 def add_zero(b: Builder, n: Node) -> Node | None:
-    """x + 0 == x - 0 == x (same dtype and shape)."""
-    if n.op is Op.POINTWISE and n.fn in ("add", "sub") and _is_const(n.inputs[1], 0):
-        return _same(n, n.inputs[0])
-    if n.op is Op.POINTWISE and n.fn == "add" and _is_const(n.inputs[0], 0):
-        return _same(n, n.inputs[1])
+    """x + (-0.0) == x - 0.0 == x (for integers, any zero). Not x + 0.0: at x = -0.0 it is
+    +0.0."""
+    if n.op is not Op.POINTWISE or n.fn not in ("add", "sub"):
+        return None
+    x, y = n.inputs
+    if _is_zero(y, negative=n.fn == "add"):
+        return _same(n, x)
+    if n.fn == "add" and _is_zero(x, negative=True):
+        return _same(n, y)
     return None
+
+
+def _is_zero(n: Node, negative: bool) -> bool:
+    """n is a constant zero; for floats, with the given sign."""
+    if not _is_const(n, 0):
+        return False
+    return not n.dtype.is_floating_point or (math.copysign(1.0, n.attrs[0]) < 0) == negative
 
 
 def mul_one(b: Builder, n: Node) -> Node | None:
@@ -112,6 +124,13 @@ RULE_SETS: dict[str, list[Rule]] = {
 
 def simplify(graph: Graph, rules: list[Rule]) -> tuple[Graph, dict[str, int]]:
     """Rebuild graph applying rules to a fixed point per node; returns counts of rules fired."""
+    graph, fired = _rebuild(graph, rules)
+    if fired:  # nodes the rules replaced are dead now
+        graph, _ = _rebuild(graph, [])
+    return graph, fired
+
+
+def _rebuild(graph: Graph, rules: list[Rule]) -> tuple[Graph, dict[str, int]]:
     needed = _live(graph)
     b = Builder()
     new: dict[Node, Node] = {}

@@ -1,0 +1,415 @@
+"""Triton renderer for kernel IR.
+
+A point-wise kernel is a 1-D block of XBLOCK outer points. A reduction kernel is a 2-D tile
+of XBLOCK rows by RBLOCK row elements: persistent (the whole row in one tile, so values kept
+for later stages stay in registers) when the row fits, looped over RBLOCK chunks otherwise.
+Low-precision floats are computed in float32, as eager does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.ir import kernel as k
+from kiln.ir.index import Expr, FloorDiv, Mod, Sym
+from kiln.ir.kernel import compute_dtype
+
+# Rows up to this length are reduced in one tile (and may keep values for later stages).
+PERSISTENT_MAX = 4096
+
+TL_TYPE = {
+    torch.float32: "tl.float32", torch.float64: "tl.float64", torch.bfloat16: "tl.bfloat16",
+    torch.float16: "tl.float16", torch.int64: "tl.int64", torch.int32: "tl.int32",
+    torch.int16: "tl.int16", torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}
+
+
+class TritonUnsupported(Exception):
+    pass
+
+
+def tl_type(dtype: torch.dtype) -> str:
+    dtype = compute_dtype(dtype)
+    if dtype not in TL_TYPE:
+        raise TritonUnsupported(f"dtype {dtype} has no Triton type")
+    return TL_TYPE[dtype]
+
+
+def next_pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def render_index(e: Expr) -> str:
+    parts = []
+    for atom, coef in e.terms:
+        if isinstance(atom, Sym):
+            text = atom.name
+        elif isinstance(atom, FloorDiv):
+            text = f"(({render_index(atom.arg)}) // {atom.divisor})"
+        else:
+            text = f"(({render_index(atom.arg)}) % {atom.divisor})"
+        parts.append(text if coef == 1 else f"{coef} * {text}")
+    if e.const or not parts:
+        parts.append(str(e.const))
+    return " + ".join(parts)
+
+
+def literal(value, dtype: torch.dtype) -> str:
+    t = compute_dtype(dtype)
+    if t is torch.bool:
+        v = "1" if value else "0"
+    elif t.is_floating_point:
+        v = float(value)
+        v = f'float("{v}")' if v != v or v in (float("inf"), float("-inf")) else repr(v)
+    else:
+        v = str(int(value))
+    return f"tl.full([1], {v}, {tl_type(t)})"
+
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
+          "gt": ">", "ge": ">=", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
+          "lshift": "<<", "rshift": ">>"}
+_TL_UNARY = {"exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2", "sin": "tl.sin",
+             "cos": "tl.cos", "sqrt": "tl.sqrt_rn", "erf": "tl.erf", "floor": "tl.floor",
+             "ceil": "tl.ceil", "sigmoid": "tl.sigmoid", "abs": "tl.abs"}
+_KM_UNARY = {"tanh", "log1p", "expm1", "erfc", "tan", "sinh", "cosh", "asinh", "acosh", "atanh",
+             "asin", "acos", "atan", "log10"}
+
+
+def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
+    a = s.args
+    t = compute_dtype(arg_types[-1] if s.fn == "where" else arg_types[0])
+    fp = t.is_floating_point
+    fn = s.fn
+    if fn == "cast":
+        dst = s.dtype
+        if dst is torch.bool:
+            return f"({a[0]} != 0)"
+        if dst in (torch.bfloat16, torch.float16):
+            return f"{a[0]}.to({TL_TYPE[dst]}).to(tl.float32)"
+        if dst is torch.uint8 and fp:
+            return f"{a[0]}.to(tl.int64).to(tl.uint8)"
+        return f"{a[0]}.to({tl_type(dst)})"
+    if fn in _INFIX:
+        if t is torch.bool and fn in ("add", "mul"):
+            return f"({a[0]} {'|' if fn == 'add' else '&'} {a[1]})"
+        return f"({a[0]} {_INFIX[fn]} {a[1]})"
+    if fn == "div":
+        return f"tl.math.div_rn({a[0]}, {a[1]})"
+    if fn in _TL_UNARY and (fp or fn == "abs"):
+        return f"{_TL_UNARY[fn]}({a[0]})"
+    if fn in _KM_UNARY and fp:
+        return f"km.{fn}({a[0]})"
+    if fn == "round":
+        return f"km.nearbyint({a[0]})" if fp else a[0]
+    if fn == "trunc":
+        return f"km.trunc({a[0]})" if fp else a[0]
+    if fn in ("floor", "ceil"):
+        return a[0]
+    if fn == "neg":
+        return f"(-{a[0]})"
+    if fn == "rsqrt":
+        return f"tl.math.div_rn(1.0, tl.sqrt_rn({a[0]}))"
+    if fn == "reciprocal":
+        return f"tl.math.div_rn(1.0, {a[0]})"
+    if fn == "sign":
+        if t is torch.bool:
+            return a[0]
+        sign = f"(({a[0]} > 0).to({tl_type(t)}) - ({a[0]} < 0).to({tl_type(t)}))"
+        return f"tl.where({a[0]} != {a[0]}, {a[0]}, {sign})" if fp else sign
+    if fn == "isnan":
+        return f"({a[0]} != {a[0]})"
+    if fn == "isinf":
+        return f"(tl.abs({a[0]}) == float('inf'))"
+    if fn in ("logical_not",) or (fn == "bitwise_not" and t is torch.bool):
+        return f"({a[0]} == 0)"
+    if fn == "bitwise_not":
+        return f"(~{a[0]})"
+    if fn == "logical_and":
+        return f"(({a[0]} != 0) & ({a[1]} != 0))"
+    if fn == "logical_or":
+        return f"(({a[0]} != 0) | ({a[1]} != 0))"
+    if fn == "logical_xor":
+        return f"(({a[0]} != 0) ^ ({a[1]} != 0))"
+    if fn in ("maximum", "minimum"):
+        if t is torch.bool:
+            return f"({a[0]} {'|' if fn == 'maximum' else '&'} {a[1]})"
+        nan = ", propagate_nan=tl.PropagateNan.ALL" if fp else ""
+        return f"tl.{fn}({a[0]}, {a[1]}{nan})"
+    if fn == "where":
+        return f"tl.where({a[0]}, {a[1]}, {a[2]})"
+    if fn == "floordiv":
+        return f"km.floordiv_fp({a[0]}, {a[1]})" if fp else f"km.floordiv_int({a[0]}, {a[1]})"
+    if fn == "truncdiv":
+        return f"km.trunc(tl.math.div_rn({a[0]}, {a[1]}))" if fp else f"({a[0]} // {a[1]})"
+    if fn == "remainder":
+        return f"km.remainder_fp({a[0]}, {a[1]})" if fp else f"km.remainder_int({a[0]}, {a[1]})"
+    if fn == "fmod":
+        return f"({a[0]} % {a[1]})"
+    if fn == "pow" and fp:
+        return f"km.pow({a[0]}, {a[1]})"
+    if fn in ("atan2", "copysign") and fp:
+        return f"km.{fn}({a[0]}, {a[1]})"
+    raise TritonUnsupported(f"no Triton rendering of {fn} on {t}")
+
+
+_IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
+
+
+def _identity(kind: str, t: torch.dtype) -> str:
+    if kind in _IDENTITY:
+        return _IDENTITY[kind] if not t.is_floating_point else _IDENTITY[kind] + ".0"
+    low = kind in ("max", "argmax")
+    if t.is_floating_point:
+        return 'float("-inf")' if low else 'float("inf")'
+    if t is torch.bool:
+        return "0" if low else "1"
+    info = torch.iinfo(t)
+    return str(info.min if low else info.max)
+
+
+class _Renderer:
+    def __init__(self, kernel: k.Kernel):
+        self.k = kernel
+        self.lines: list[str] = []
+        self.types: dict[str, torch.dtype] = {}
+        self.scratch = {sc.name for sc in kernel.scratch}
+        self.persistent = bool(kernel.reduce) and kernel.reduce_numel <= PERSISTENT_MAX
+        if kernel.scratch and not self.persistent:
+            raise TritonUnsupported("row arrays need a persistent reduction")
+        self.wide = _needs_int64(kernel)
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
+
+    def _address(self, buf: str, index: Expr, ir_mask: str | None, in_loop: bool, store: bool):
+        """Pointer and mask of a load or store. A load takes the shape its index needs (a
+        per-row value stays [XBLOCK, 1] inside a row loop); a store, a computed index or an
+        extra mask covers the whole tile of the context."""
+        names = {sym.name for sym in index.symbols()}
+        has_x = any(n.startswith("x") for n in names)
+        has_r = any(n.startswith("r") for n in names)
+        has_tmp = any(n.startswith("t") for n in names)
+        ptr = f"{buf} + ({render_index(index)})"
+        if not self.k.reduce:
+            full, tile_mask = "zero_x", "xmask"
+        elif in_loop:
+            full, tile_mask = "zero_tile", "xmask & rmask"
+        else:
+            full, tile_mask = "zero_row", "xmask"
+        if store or has_tmp or ir_mask:
+            mask = tile_mask + (f" & {ir_mask}" if ir_mask else "")
+            return f"{ptr} + {full}", mask
+        if has_x and (has_r or not in_loop or not self.k.reduce):
+            return ptr, tile_mask
+        if has_x:
+            return ptr, "xmask"
+        if has_r:
+            return ptr, "rmask"
+        return ptr, None
+
+    def stmt(self, s: k.Stmt, depth: int, in_loop: bool) -> None:
+        if isinstance(s, k.Load):
+            self.types[s.out] = s.dtype
+            if s.buf in self.scratch:
+                self.emit(depth, f"{s.out} = {s.buf}")
+                return
+            ptr, mask = self._address(s.buf, s.index, s.mask, in_loop, store=False)
+            load = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
+            if s.dtype in (torch.bfloat16, torch.float16):
+                load += ".to(tl.float32)"
+            self.emit(depth, f"{s.out} = {load}")
+        elif isinstance(s, k.Const):
+            self.types[s.out] = s.dtype
+            self.emit(depth, f"{s.out} = {literal(s.value, s.dtype)}")
+        elif isinstance(s, k.IndexValue):
+            self.types[s.out] = torch.int64
+            idx = render_index(s.index)
+            self.emit(depth, f"{s.out} = ({idx}) + tl.zeros([1], tl.int64)")
+        elif isinstance(s, k.InBounds):
+            self.types[s.out] = torch.bool
+            idx = render_index(s.index)
+            self.emit(depth, f"{s.out} = (0 <= ({idx})) & (({idx}) < {s.size})")
+        elif isinstance(s, k.Compute):
+            self.types[s.out] = s.dtype
+            self.emit(depth, f"{s.out} = {render_compute(s, [self.types[a] for a in s.args])}")
+        elif isinstance(s, k.Store):
+            if s.buf in self.scratch:
+                self.emit(depth, f"{s.buf} = {s.value}")
+                return
+            value = s.value
+            if s.dtype in (torch.bfloat16, torch.float16, torch.bool) or \
+                    compute_dtype(self.types[s.value]) != s.dtype:
+                value = f"{value}.to({TL_TYPE[s.dtype]})"
+            ptr, mask = self._address(s.buf, s.index, None, in_loop, store=True)
+            self.emit(depth, f"tl.store({ptr}, {value}, mask={mask})")
+        elif isinstance(s, k.Reduce):
+            self.reduce(s, depth)
+
+    # -------------------------------------------------------------- reductions
+    def reduce(self, s: k.Reduce, depth: int) -> None:
+        t = compute_dtype(s.dtype)
+        ident = _identity(s.kind, t)
+        masked = f"tl.where(xmask & rmask, {s.value}, {ident})"
+        if s.kind in ("argmax", "argmin"):
+            self._arg_reduce(s, depth, t)
+            return
+        if self.persistent:
+            self.emit(depth, f"{s.out} = {self._tile_reduce(s.kind, masked, t)}")
+            if s.kind in ("max", "min") and t.is_floating_point:
+                self.emit(depth, f"{s.out} = tl.where(tl.max(tl.where(xmask & rmask & ({s.value} != {s.value}), "
+                                 f"1, 0), 1)[:, None] > 0, float('nan'), {s.out})")
+        else:
+            acc = f"{s.out}_acc"
+            combine = {"sum": f"{acc} + {masked}", "prod": f"{acc} * {masked}",
+                       "max": f"tl.maximum({acc}, {masked})", "min": f"tl.minimum({acc}, {masked})",
+                       "any": f"{acc} | {masked}", "all": f"{acc} & {masked}"}[s.kind]
+            if s.kind in ("max", "min") and t.is_floating_point:
+                combine = combine[:-1] + ", propagate_nan=tl.PropagateNan.ALL)"
+            self.emit(depth, f"{acc} = {combine}")
+
+    def _tile_reduce(self, kind: str, tile: str, t: torch.dtype) -> str:
+        if kind == "prod":
+            return f"tl.reduce({tile}, 1, km_mul)[:, None]"
+        if kind == "any":
+            return f"(tl.max({tile}.to(tl.int32), 1)[:, None] > 0)"
+        if kind == "all":
+            return f"(tl.min({tile}.to(tl.int32), 1)[:, None] > 0)"
+        return f"tl.{kind}({tile}, 1)[:, None]"
+
+    def _arg_reduce(self, s: k.Reduce, depth: int, t: torch.dtype) -> None:
+        big = "float('inf')" if s.kind == "argmax" else "float('-inf')"
+        key = f"tl.where({s.value} != {s.value}, {big}, {s.value})" if t.is_floating_point else s.value
+        ident = _identity(s.kind, t)
+        fn = "argmax" if s.kind == "argmax" else "argmin"
+        if self.persistent:
+            self.emit(depth, f"{s.out}_key = tl.where(xmask & rmask, {key}, {ident})")
+            self.emit(depth, f"{s.out} = tl.{fn}({s.out}_key, 1, tie_break_left=True)[:, None].to(tl.int64)")
+        else:
+            cmp = ">" if s.kind == "argmax" else "<"
+            self.emit(depth, f"{s.out}_key = tl.where(xmask & rmask, {key}, {ident})")
+            self.emit(depth, f"{s.out}_better = {s.out}_key {cmp} {s.out}_best")
+            self.emit(depth, f"{s.out}_best = tl.where({s.out}_better, {s.out}_key, {s.out}_best)")
+            self.emit(depth, f"{s.out}_idx = tl.where({s.out}_better, ({render_index(s.index)}) + "
+                             f"tl.zeros([XBLOCK, RBLOCK], tl.int64), {s.out}_idx)")
+
+    def _loop_init(self, reductions: list[k.Reduce], depth: int) -> None:
+        for r in reductions:
+            t = compute_dtype(r.dtype)
+            ident = _identity(r.kind, t)
+            if r.kind in ("argmax", "argmin"):
+                self.emit(depth, f"{r.out}_best = tl.full([XBLOCK, RBLOCK], {ident}, {tl_type(t)})")
+                self.emit(depth, f"{r.out}_idx = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
+            else:
+                self.emit(depth, f"{r.out}_acc = tl.full([XBLOCK, RBLOCK], {ident}, {tl_type(t)})")
+
+    def _loop_finish(self, reductions: list[k.Reduce], depth: int) -> None:
+        for r in reductions:
+            t = compute_dtype(r.dtype)
+            if r.kind in ("argmax", "argmin"):
+                best = "tl.max" if r.kind == "argmax" else "tl.min"
+                self.emit(depth, f"{r.out}_v = {best}({r.out}_best, 1)[:, None]")
+                self.emit(depth, f"{r.out} = tl.min(tl.where({r.out}_best == {r.out}_v, {r.out}_idx, "
+                                 f"{torch.iinfo(torch.int64).max}), 1)[:, None]")
+            else:
+                self.emit(depth, f"{r.out} = {self._tile_reduce(r.kind, r.out + '_acc', t)}")
+
+    # -------------------------------------------------------------- kernel
+    def _decompose(self, depth: int, flat: str, syms) -> None:
+        stride = 1
+        for sym in reversed(syms):
+            expr = flat if stride == 1 else f"({flat} // {stride})"
+            if sym is not syms[0]:
+                expr = f"({expr} % {sym.extent})"
+            self.emit(depth, f"{sym.name} = {expr}")
+            stride *= sym.extent
+
+    def render(self) -> str:
+        kern = self.k
+        params = ", ".join(p.name for p in kern.params)
+        self.emit(0, "@triton.jit")
+        self.emit(0, f"def {kern.name}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):")
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        if kern.reduce:
+            self.emit(1, f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        else:
+            self.emit(1, f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
+        self.emit(1, f"xmask = xindex < {kern.outer_numel}")
+        if kern.reduce:
+            self.emit(1, "zero_row = tl.zeros([XBLOCK, 1], tl.int32)")
+            self.emit(1, "zero_tile = tl.zeros([XBLOCK, RBLOCK], tl.int32)")
+        else:
+            self.emit(1, "zero_x = tl.zeros([XBLOCK], tl.int32)")
+        self._decompose(1, "xindex", kern.outer)
+        if self.persistent:
+            self.emit(1, "rindex = tl.arange(0, RBLOCK)[None, :]")
+            self.emit(1, f"rmask = rindex < {kern.reduce_numel}")
+            self._decompose(1, "rindex", kern.reduce)
+        for stage in kern.stages:
+            if stage.loop and kern.reduce and not self.persistent:
+                reductions = [s for s in stage.body if isinstance(s, k.Reduce)]
+                self._loop_init(reductions, 1)
+                self.emit(1, f"for roffset in range(0, {kern.reduce_numel}, RBLOCK):")
+                self.emit(2, "rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
+                self.emit(2, f"rmask = rindex < {kern.reduce_numel}")
+                self._decompose(2, "rindex", kern.reduce)
+                for s in stage.body:
+                    self.stmt(s, 2, True)
+                self._loop_finish(reductions, 1)
+            else:
+                for s in stage.body:
+                    self.stmt(s, 1, stage.loop)
+        return "\n".join(self.lines)
+
+
+def _needs_int64(kernel: k.Kernel) -> bool:
+    limit = 2**31 - 1
+    if kernel.outer_numel * max(kernel.reduce_numel, 1) >= limit:
+        return True
+    for st in kernel.stages:
+        for s in st.body:
+            if isinstance(s, (k.Load, k.Store)):
+                b = s.index.bounds()
+                if b is None or b[1] >= limit or b[0] <= -limit:
+                    return True
+    return False
+
+
+HEADER = """import triton
+import triton.language as tl
+from kiln.codegen import triton_math as km
+
+
+@triton.jit
+def km_mul(a, b):
+    return a * b
+"""
+
+
+def render_kernel(kernel: k.Kernel) -> str:
+    return _Renderer(kernel).render()
+
+
+def render_source(kernel: k.Kernel) -> str:
+    return HEADER + "\n\n" + render_kernel(kernel) + "\n"
+
+
+def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
+    """(XBLOCK, RBLOCK, num_warps): a small heuristic; the interpreter wants few programs."""
+    if not kernel.reduce:
+        xblock = 1024 if not interpreted else next_pow2(min(kernel.outer_numel, 4096))
+        return max(xblock, 1), 1, 4
+    rnumel = kernel.reduce_numel
+    if rnumel <= PERSISTENT_MAX:
+        rblock = next_pow2(rnumel)
+    else:
+        rblock = 2048
+    if interpreted:
+        xblock = next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock))))
+    else:
+        xblock = max(1, min(64, 4096 // rblock))
+    warps = 8 if rblock >= 2048 else 4
+    return xblock, rblock, warps

@@ -1,0 +1,204 @@
+"""Math functions for generated Triton kernels.
+
+On a GPU they are CUDA's libdevice. Triton's CPU interpreter cannot call libdevice, so there
+each function is composed from the primitives it does support (accurate to a few float32
+ulps in absolute terms: enough to check generated kernels, not to replace libdevice).
+INTERPRETER_UNSUPPORTED lists the functions with no composition: kiln keeps those in ATen
+when it generates Triton for the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRETER_UNSUPPORTED = frozenset({"asin", "acos", "atan", "atan2"})
+
+if not INTERPRETED:
+    from triton.language.extra import libdevice
+
+    @triton.jit
+    def tanh(x):
+        return libdevice.tanh(x)
+
+    @triton.jit
+    def log1p(x):
+        return libdevice.log1p(x)
+
+    @triton.jit
+    def expm1(x):
+        return libdevice.expm1(x)
+
+    @triton.jit
+    def erfc(x):
+        return libdevice.erfc(x)
+
+    @triton.jit
+    def pow(x, y):
+        return libdevice.pow(x, y)
+
+    @triton.jit
+    def tan(x):
+        return libdevice.tan(x)
+
+    @triton.jit
+    def sinh(x):
+        return libdevice.sinh(x)
+
+    @triton.jit
+    def cosh(x):
+        return libdevice.cosh(x)
+
+    @triton.jit
+    def asinh(x):
+        return libdevice.asinh(x)
+
+    @triton.jit
+    def acosh(x):
+        return libdevice.acosh(x)
+
+    @triton.jit
+    def atanh(x):
+        return libdevice.atanh(x)
+
+    @triton.jit
+    def asin(x):
+        return libdevice.asin(x)
+
+    @triton.jit
+    def acos(x):
+        return libdevice.acos(x)
+
+    @triton.jit
+    def atan(x):
+        return libdevice.atan(x)
+
+    @triton.jit
+    def atan2(x, y):
+        return libdevice.atan2(x, y)
+
+    @triton.jit
+    def log10(x):
+        return libdevice.log10(x)
+
+    @triton.jit
+    def nearbyint(x):
+        return libdevice.nearbyint(x)
+
+    @triton.jit
+    def trunc(x):
+        return libdevice.trunc(x)
+
+    @triton.jit
+    def copysign(x, y):
+        return libdevice.copysign(x, y)
+
+else:
+
+    @triton.jit
+    def tanh(x):
+        t = tl.exp(-2.0 * tl.abs(x))
+        r = (1.0 - t) / (1.0 + t)
+        return tl.where(x < 0, -r, r)
+
+    @triton.jit
+    def log1p(x):
+        return tl.log(1.0 + x)
+
+    @triton.jit
+    def expm1(x):
+        return tl.exp(x) - 1.0
+
+    @triton.jit
+    def erfc(x):
+        return 1.0 - tl.erf(x)
+
+    @triton.jit
+    def trunc(x):
+        return tl.where(x < 0, tl.ceil(x), tl.floor(x))
+
+    @triton.jit
+    def pow(x, y):
+        r = tl.exp2(y * tl.log2(tl.abs(x)))
+        whole = tl.floor(y) == y
+        odd = whole & ((y - 2.0 * tl.floor(y * 0.5)) == 1.0)
+        r = tl.where((x < 0) & odd, -r, r)
+        r = tl.where((x < 0) & (~whole), float("nan"), r)
+        return tl.where(y == 0, 1.0, r)
+
+    @triton.jit
+    def tan(x):
+        return tl.sin(x) / tl.cos(x)
+
+    @triton.jit
+    def sinh(x):
+        return 0.5 * (tl.exp(x) - tl.exp(-x))
+
+    @triton.jit
+    def cosh(x):
+        return 0.5 * (tl.exp(x) + tl.exp(-x))
+
+    @triton.jit
+    def asinh(x):
+        a = tl.abs(x)
+        r = tl.log(a + tl.sqrt(a * a + 1.0))
+        return tl.where(x < 0, -r, r)
+
+    @triton.jit
+    def acosh(x):
+        return tl.log(x + tl.sqrt(x * x - 1.0))
+
+    @triton.jit
+    def atanh(x):
+        return 0.5 * tl.log((1.0 + x) / (1.0 - x))
+
+    @triton.jit
+    def log10(x):
+        return tl.log(x) * 0.4342944819032518
+
+    @triton.jit
+    def nearbyint(x):
+        r = tl.floor(x + 0.5)
+        tie = (r - x) == 0.5
+        odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
+        return tl.where(tie & odd, r - 1.0, r)
+
+    @triton.jit
+    def copysign(x, y):
+        neg = (y < 0) | ((y == 0) & ((1.0 / y) < 0))
+        return tl.where(neg, -tl.abs(x), tl.abs(x))
+
+
+# Python's floor division and remainder (the sign follows the divisor), as eager computes them.
+@triton.jit
+def floordiv_int(a, b):
+    q = a // b
+    fix = ((a % b) != 0) & ((a < 0) != (b < 0))
+    return q - fix.to(q.dtype)
+
+
+@triton.jit
+def remainder_int(a, b):
+    r = a % b
+    return r + tl.where((r != 0) & ((r < 0) != (b < 0)), b, 0)
+
+
+@triton.jit
+def remainder_fp(a, b):
+    r = a % b
+    return r + tl.where((r != 0) & ((r < 0) != (b < 0)), b, 0.0)
+
+
+@triton.jit
+def floordiv_fp(a, b):
+    mod = a % b
+    div = tl.math.div_rn(a - mod, b)
+    div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
+    fl = tl.floor(div)
+    fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
+    quotient = tl.math.div_rn(a, b)
+    fl = tl.where(div == 0, copysign(tl.zeros_like(div), quotient), fl)
+    return tl.where(b == 0, quotient, fl)

@@ -1,0 +1,222 @@
+"""Reductions, softmax and normalizations, compiled vs eager, over the last, first,
+several and all dimensions, with NaN/inf where eager defines what they do."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import TOLERANCE, check
+from op_inputs import FLOATS, randint, randn, with_layout, with_specials
+
+DIMS = [-1, 0, (0, 2), None]
+
+
+def _dims_kw(dim):
+    return {} if dim is None else {"dim": dim}
+
+
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_sum_mean_prod_amax_amin(dtype, dim):
+    def f(x):
+        kw = _dims_kw(dim)
+        out = (x.sum(**kw), x.mean(**kw), x.amax(**kw), x.amin(**kw), x.sum(**kw, keepdim=True) if kw else x.sum(),
+               x.amax(**kw, keepdim=True) if kw else x.amax())
+        if not isinstance(dim, tuple):  # prod takes one dim
+            out += (x.prod(**kw),)
+        return out
+
+    x = randn(6, 5, 24, dtype=dtype)
+    x = x.abs() + 0.5 if dtype is torch.bfloat16 else x  # keep prod well conditioned
+    tol = dict(rtol=2e-2, atol=5e-2) if dtype is torch.bfloat16 else None
+    check(f, x, tol=tol, expect_native=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_integer_reductions(dtype):
+    def f(x):
+        out = (x.sum(), x.sum(-1), x.sum(0, keepdim=True), x.amax(1), x.amin(0), x.any(-1), x.all(0), x.any())
+        if dtype is not torch.bool:
+            out += (x.prod(1), x.argmax(1), x.argmin(0), torch.max(x, 1), torch.min(x, 0))
+        return out
+
+    hi = 2 if dtype is torch.bool else 4
+    lo = 0 if dtype is torch.bool else -3
+    check(f, randint(lo, hi, 7, 9, dtype=dtype), expect_native=True)
+
+
+@pytest.mark.parametrize("dim", [-1, 0])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_max_min_with_indices(dtype, dim):
+    def f(x):
+        vmax, imax = torch.max(x, dim)
+        vmin, imin = torch.min(x, dim, keepdim=True)
+        return vmax, imax, vmin, imin, x.argmax(dim), x.argmin(dim, keepdim=True)
+
+    check(f, randn(9, 31, dtype=dtype), expect_native=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_argmax_argmin_all_dims(dtype):
+    def f(x):
+        return x.argmax(), x.argmin(), torch.argmax(x, keepdim=True), x.argmax(1, keepdim=True)
+
+    x = randn(5, 7, 3) if dtype.is_floating_point else randint(-1000, 1000, 5, 7, 3)
+    check(f, x, expect_native=True)
+
+
+@pytest.mark.parametrize("dim", [-1, 0, (0, 2), None])
+@pytest.mark.parametrize("correction", [0, 1])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_var_std(dtype, correction, dim):
+    def f(x):
+        kw = _dims_kw(dim)
+        var, mean = torch.var_mean(x, **kw, correction=correction)
+        return (torch.var(x, **kw, correction=correction), torch.std(x, **kw, correction=correction), var, mean,
+                torch.var(x, **kw, correction=correction, keepdim=True) if kw else var)
+
+    check(f, randn(4, 6, 20, dtype=dtype) * 3 + 1, expect_native=True)
+
+
+def test_any_all_floats():
+    def f(x):
+        return (x > 0).any(-1), (x > 0).all(0), x.any(1), x.all(), torch.any(x > 2, dim=(0, 1))
+
+    x = randn(5, 6, 7)
+    x[0, 0] = 0
+    check(f, x, expect_native=True)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "offset"])
+def test_reductions_on_strided_inputs(layout):
+    def f(x):
+        return x.sum(-1), x.amax(0), x.argmax(1), x.mean()
+
+    check(f, with_layout(randn(12, 20), layout), expect_native=True)
+
+
+def test_reduction_of_broadcast_expression():
+    def f(a, b):
+        return (a * b).sum(-1), (a + b).amax(0), (a - b).mean((0, 1))
+
+    check(f, randn(8, 1), randn(1, 13, seed=1), expect_native=True)
+
+
+def test_reductions_of_zero_dim_tensor():
+    def f(x):
+        return x.sum(), x.amax(), x.argmax(), x.mean(), x.sum(0), x.prod()
+
+    check(f, torch.tensor(2.5), expect_native=True)
+
+
+def test_reductions_over_empty_dimension():
+    def f(x):
+        return x.sum(-1), x.prod(-1), x.any(-1), x.all(-1), x.sum(0), x.amax(0)
+
+    check(f, randn(4, 0))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_nan_inf_in_reductions(dtype):
+    def f(x):
+        return (x.amax(-1), x.amin(0), x.sum(-1), x.argmax(-1), x.argmin(0), torch.max(x, 1), x.mean(0),
+                torch.nansum(x, -1) if dtype is not torch.bfloat16 else x.sum(0), x.isnan().any(-1))
+
+    check(f, with_specials(randn(8, 32, dtype=dtype)), expect_native=True)
+
+
+def test_inf_only_rows():
+    def f(x):
+        return x.amax(-1), x.argmax(-1), x.argmin(-1), x.sum(-1), torch.softmax(x, -1)
+
+    x = randn(4, 8)
+    x[0] = float("-inf")
+    x[1] = float("inf")
+    x[2, 3] = float("inf")
+    check(f, x, expect_native=True)
+
+
+# ----------------------------------------------------------------------------- softmax
+@pytest.mark.parametrize("dim", [-1, 0, 1])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_softmax_log_softmax(dtype, dim):
+    def f(x):
+        return torch.softmax(x, dim), torch.log_softmax(x, dim), torch.logsumexp(x, dim)
+
+    check(f, randn(6, 10, 33, dtype=dtype) * 4, expect_native=True)
+
+
+def test_softmax_with_dtype_argument():
+    def f(x):
+        return torch.softmax(x, -1, dtype=torch.float32), torch.log_softmax(x, 0, dtype=torch.float64)
+
+    check(f, randn(5, 17, dtype=torch.bfloat16), expect_native=True)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_masked_softmax(dtype):
+    """Masked entries are exactly 0 and fully masked rows are NaN, as in eager."""
+
+    def f(x, mask):
+        scores = x.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores, -1), torch.log_softmax(scores, -1)
+
+    x = randn(6, 16, dtype=dtype)
+    mask = randint(0, 2, 6, 16).bool()
+    mask[2] = False  # a fully masked row
+    mask[3] = True
+    out = check(f, x, mask, expect_native=True)
+    assert out is not None
+
+
+def test_masked_softmax_zeros_are_exact():
+    import kiln
+
+    def f(x, mask):
+        return torch.softmax(x.masked_fill(~mask, float("-inf")), -1)
+
+    x = randn(4, 64)
+    mask = torch.arange(64).expand(4, 64) < torch.tensor([[10], [64], [1], [33]])
+    torch._dynamo.reset()
+    got = kiln.compile(f)(x, mask)
+    want = f(x, mask)
+    assert torch.equal(got == 0, want == 0)
+    assert torch.equal(got[2], want[2])  # a single live entry is exactly 1
+
+
+# ----------------------------------------------------------------------------- normalizations
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_layer_norm(dtype):
+    def f(x, w, b):
+        return (F.layer_norm(x, (x.shape[-1],), w, b), F.layer_norm(x, (x.shape[-1],)),
+                F.layer_norm(x, x.shape[-2:], eps=1e-3))
+
+    x = randn(4, 6, 48, dtype=dtype) * 2 + 1
+    check(f, x, randn(48, dtype=dtype, seed=1), randn(48, dtype=dtype, seed=2), expect_native=True)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_group_norm(dtype):
+    def f(x, w, b):
+        return F.group_norm(x, 4, w, b), F.group_norm(x, 1), F.group_norm(x, 8, eps=1e-3)
+
+    x = randn(3, 8, 5, 6, dtype=dtype) * 2 + 1
+    check(f, x, randn(8, dtype=dtype, seed=1), randn(8, dtype=dtype, seed=2), expect_native=True)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rms_norm_by_hand(dtype):
+    def f(x, w):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (y.to(x.dtype) * w,)
+
+    tol = TOLERANCE[torch.float32] if dtype is torch.float64 else None  # normalized in float32
+    check(f, randn(4, 7, 64, dtype=dtype) * 3, randn(64, dtype=dtype, seed=1), tol=tol, expect_native=True)
+
+
+def test_rms_norm_module():
+    def f(x, w):
+        return F.rms_norm(x, (x.shape[-1],), w, eps=1e-5)
+
+    check(f, randn(5, 32), randn(32, seed=1))

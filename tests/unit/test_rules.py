@@ -1,0 +1,264 @@
+"""Each rewrite rule of passes/simplify.py on its own: it fires where its identity holds and
+only there. Then simplify() as a whole: rules to a fixed point, dead code, shared nodes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kiln.ir.tensor import Builder, Graph, Node, Op, contiguous_strides
+from kiln.passes import simplify as s
+
+F32, F64, BF16, I32, I64, BOOL = torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.int64, torch.bool
+SHAPE = (2, 3)
+
+
+def inp(b: Builder, pos: int = 0, dtype=F32, shape=SHAPE) -> Node:
+    return b.make(Op.INPUT, (), (pos, contiguous_strides(shape)), shape, dtype)
+
+
+def const(b: Builder, value, dtype=F32, shape=SHAPE) -> Node:
+    return b.make(Op.CONSTANT, (), (value,), shape, dtype)
+
+
+def pw(b: Builder, fn: str, *inputs: Node, dtype=None) -> Node:
+    dtype = dtype or inputs[-1].dtype
+    return b.make(Op.POINTWISE, tuple(inputs), (fn,), inputs[-1].shape, dtype)
+
+
+def cast(b: Builder, x: Node, dtype) -> Node:
+    return pw(b, "cast", x, dtype=dtype)
+
+
+# -- fold_constants ---------------------------------------------------------------------------
+
+
+def test_fold_constants_evaluates_like_eager():
+    b = Builder()
+    out = s.fold_constants(b, pw(b, "add", const(b, 2.0), const(b, 3.5)))
+    assert out.op is Op.CONSTANT and out.attrs == (5.5,) and out.shape == SHAPE
+
+
+def test_fold_constants_rounds_in_the_node_dtype():
+    b = Builder()
+    out = s.fold_constants(b, pw(b, "div", const(b, 1.0, BF16), const(b, 3.0, BF16)))
+    assert out.attrs[0] == (torch.tensor(1.0, dtype=BF16) / 3).item()
+    assert out.attrs[0] != 1 / 3
+
+
+def test_fold_constants_integer_floor_division_and_comparison():
+    b = Builder()
+    assert s.fold_constants(b, pw(b, "floordiv", const(b, -7, I64), const(b, 2, I64))).attrs == (-4,)
+    lt = s.fold_constants(b, pw(b, "lt", const(b, 1.0), const(b, 2.0), dtype=BOOL))
+    assert lt.attrs == (True,) and lt.dtype is BOOL
+
+
+def test_fold_constants_casts():
+    b = Builder()
+    assert s.fold_constants(b, cast(b, const(b, 2.7), I64)).attrs == (2,)
+
+
+def test_fold_constants_needs_every_operand_constant():
+    b = Builder()
+    assert s.fold_constants(b, pw(b, "add", inp(b), const(b, 1.0))) is None
+    assert s.fold_constants(b, const(b, 1.0)) is None
+
+
+# -- add_zero ---------------------------------------------------------------------------------
+
+
+def test_add_zero_integers_either_side():
+    b = Builder()
+    x, zero = inp(b, dtype=I64), const(b, 0, I64)
+    assert s.add_zero(b, pw(b, "add", x, zero)) is x
+    assert s.add_zero(b, pw(b, "add", zero, x)) is x
+    assert s.add_zero(b, pw(b, "sub", x, zero)) is x
+
+
+def test_add_zero_float_keeps_the_sign_of_zero():
+    b = Builder()
+    x = inp(b)
+    assert s.add_zero(b, pw(b, "sub", x, const(b, 0.0))) is x  # -0.0 - 0.0 == -0.0
+    assert s.add_zero(b, pw(b, "add", x, const(b, -0.0))) is x  # -0.0 + -0.0 == -0.0
+    assert s.add_zero(b, pw(b, "add", const(b, -0.0), x)) is x
+    assert s.add_zero(b, pw(b, "add", x, const(b, 0.0))) is None  # -0.0 + 0.0 == +0.0
+    assert s.add_zero(b, pw(b, "sub", x, const(b, -0.0))) is None
+    assert math.copysign(1, (torch.tensor(-0.0) + 0.0).item()) > 0  # the identity that fails
+
+
+def test_add_zero_does_not_fire_otherwise():
+    b = Builder()
+    x = inp(b, dtype=I64)
+    assert s.add_zero(b, pw(b, "add", x, const(b, 1, I64))) is None
+    assert s.add_zero(b, pw(b, "sub", const(b, 0, I64), x)) is None  # 0 - x == -x
+    assert s.add_zero(b, pw(b, "mul", x, const(b, 0, I64))) is None
+    # broadcasting: the zero decides the shape, x alone would be too small
+    row = inp(b, dtype=I64, shape=(3,))
+    big = b.make(Op.POINTWISE, (row, const(b, 0, I64)), ("add",), SHAPE, I64)
+    assert s.add_zero(b, big) is None
+
+
+# -- mul_one ----------------------------------------------------------------------------------
+
+
+def test_mul_one():
+    b = Builder()
+    x, one = inp(b), const(b, 1.0)
+    assert s.mul_one(b, pw(b, "mul", x, one)) is x
+    assert s.mul_one(b, pw(b, "mul", one, x)) is x
+    assert s.mul_one(b, pw(b, "div", x, one)) is x
+
+
+def test_mul_one_does_not_fire_otherwise():
+    b = Builder()
+    x, one = inp(b), const(b, 1.0)
+    assert s.mul_one(b, pw(b, "div", one, x)) is None  # 1 / x
+    assert s.mul_one(b, pw(b, "mul", x, const(b, 2.0))) is None
+    assert s.mul_one(b, pw(b, "add", x, one)) is None
+    xi = inp(b, 1, dtype=I32)  # int * 1.0 is a float: the dtype changes
+    assert s.mul_one(b, b.make(Op.POINTWISE, (xi, one), ("mul",), SHAPE, F32)) is None
+
+
+# -- double_negation --------------------------------------------------------------------------
+
+
+def test_double_negation():
+    b = Builder()
+    x = inp(b)
+    assert s.double_negation(b, pw(b, "neg", pw(b, "neg", x))) is x
+    assert s.double_negation(b, pw(b, "neg", x)) is None
+    assert s.double_negation(b, pw(b, "neg", pw(b, "abs", x))) is None
+
+
+# -- round_trip_cast --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("narrow, wide", [(BF16, F32), (F32, F64), (I32, I64), (torch.int8, I32)])
+def test_round_trip_cast_through_a_wider_type(narrow, wide):
+    b = Builder()
+    x = inp(b, dtype=narrow)
+    assert s.round_trip_cast(b, cast(b, cast(b, x, wide), narrow)) is x
+
+
+@pytest.mark.parametrize(
+    "start, middle, end",
+    [
+        (F32, BF16, F32),  # narrowing in the middle loses bits
+        (F32, I64, F32),  # truncates fractions
+        (I64, F64, I64),  # a double holds only 53 bits
+        (BF16, F32, F64),  # ends in another dtype
+        (I32, F32, I32),  # float32 holds only 24 bits
+    ],
+)
+def test_round_trip_cast_does_not_fire_when_values_can_change(start, middle, end):
+    b = Builder()
+    x = inp(b, dtype=start)
+    assert s.round_trip_cast(b, cast(b, cast(b, x, middle), end)) is None
+
+
+# -- where ------------------------------------------------------------------------------------
+
+
+def test_where_same_branches():
+    b = Builder()
+    c, x, y = inp(b, 0, BOOL), inp(b, 1), inp(b, 2)
+    assert s.where_same_branches(b, pw(b, "where", c, x, x)) is x
+    assert s.where_same_branches(b, pw(b, "where", c, x, y)) is None
+
+
+def test_where_constant_condition():
+    b = Builder()
+    x, y = inp(b, 1), inp(b, 2)
+    assert s.where_constant_condition(b, pw(b, "where", const(b, True, BOOL), x, y)) is x
+    assert s.where_constant_condition(b, pw(b, "where", const(b, False, BOOL), x, y)) is y
+    assert s.where_constant_condition(b, pw(b, "where", inp(b, 0, BOOL), x, y)) is None
+
+
+def test_where_constant_condition_keeps_broadcast_shape():
+    b = Builder()
+    row = inp(b, 1, shape=(3,))
+    n = b.make(Op.POINTWISE, (const(b, True, BOOL), row, inp(b, 2)), ("where",), SHAPE, F32)
+    assert s.where_constant_condition(b, n) is None
+
+
+def test_every_rule_is_in_a_rule_set():
+    rules = {r.__name__ for r in s.all_rules()}
+    assert rules == {"fold_constants", "add_zero", "mul_one", "double_negation", "round_trip_cast",
+                     "where_same_branches", "where_constant_condition"}
+    for rule in s.all_rules():
+        assert rule.__doc__, f"{rule.__name__} states its identity"
+
+
+# -- simplify(): fixed point, DCE, CSE --------------------------------------------------------
+
+
+class GraphMaker:
+    """Builds a graph node by node without sharing, so that duplicates can exist."""
+
+    def __init__(self):
+        self.nodes: list[Node] = []
+
+    def add(self, op, inputs=(), attrs=(), shape=SHAPE, dtype=F32) -> Node:
+        node = Node(len(self.nodes), op, tuple(inputs), attrs, shape, dtype)
+        self.nodes.append(node)
+        return node
+
+    def graph(self, *outputs) -> Graph:
+        n_inputs = sum(n.op is Op.INPUT for n in self.nodes)
+        return Graph(list(self.nodes), list(outputs), n_inputs)
+
+
+def test_simplify_removes_dead_nodes_and_keeps_inputs():
+    g = GraphMaker()
+    x, unused_input = g.add(Op.INPUT, attrs=(0, (3, 1))), g.add(Op.INPUT, attrs=(1, (3, 1)))
+    g.add(Op.POINTWISE, (x,), ("exp",))  # dead
+    out = g.add(Op.POINTWISE, (x,), ("sin",))
+    new, fired = s.simplify(g.graph(out), s.all_rules())
+    assert [n.op for n in new.nodes] == [Op.INPUT, Op.INPUT, Op.POINTWISE]
+    assert new.outputs[0].fn == "sin" and new.num_inputs == 2 and not fired
+    assert unused_input.id == 1
+
+
+def test_simplify_shares_identical_nodes():
+    g = GraphMaker()
+    x = g.add(Op.INPUT, attrs=(0, (3, 1)))
+    a, a2 = g.add(Op.POINTWISE, (x,), ("sin",)), g.add(Op.POINTWISE, (x,), ("sin",))
+    out = g.add(Op.POINTWISE, (a, a2), ("add",))
+    new, _ = s.simplify(g.graph(out, a2), s.all_rules())
+    sins = [n for n in new.nodes if n.op is Op.POINTWISE and n.fn == "sin"]
+    assert len(sins) == 1
+    assert new.outputs[0].inputs == (sins[0], sins[0]) and new.outputs[1] is sins[0]
+
+
+def test_simplify_runs_rules_to_a_fixed_point_and_counts_them():
+    g = GraphMaker()
+    x = g.add(Op.INPUT, attrs=(0, (3, 1)))
+    one, two, three = (g.add(Op.CONSTANT, attrs=(v,)) for v in (1.0, 2.0, 3.0))
+    folded = g.add(Op.POINTWISE, (two, three), ("sub",))  # -1
+    neg = g.add(Op.POINTWISE, (folded,), ("neg",))  # 1
+    scaled = g.add(Op.POINTWISE, (x, neg), ("mul",))  # x * 1 == x
+    twice = g.add(Op.POINTWISE, (g.add(Op.POINTWISE, (scaled,), ("neg",)),), ("neg",))
+    out = g.add(Op.POINTWISE, (twice, one), ("div",))
+    new, fired = s.simplify(g.graph(out), s.all_rules())
+    assert new.outputs[0] is new.nodes[0] and new.outputs[0].op is Op.INPUT
+    assert fired == {"fold_constants": 2, "mul_one": 2, "double_negation": 1}
+    assert new.nodes == [new.outputs[0]]  # what the rules replaced is dead, and removed
+
+
+def test_builder_shares_equal_constants_but_not_signed_zeros():
+    b = Builder()
+    assert const(b, 1.5) is const(b, 1.5)
+    assert const(b, float("nan")) is const(b, float("nan"))
+    assert const(b, 0.0) is not const(b, -0.0)
+    assert const(b, 1, I64) is not const(b, 1.0)
+
+
+def test_simplify_keeps_non_tensor_outputs_and_strides():
+    g = GraphMaker()
+    x = g.add(Op.INPUT, attrs=(0, (3, 1)))
+    graph = g.graph(x, 3, None)
+    graph.output_strides = [(3, 1), None, None]
+    new, _ = s.simplify(graph, s.all_rules())
+    assert new.outputs[1:] == [3, None] and new.output_strides == [(3, 1), None, None]
