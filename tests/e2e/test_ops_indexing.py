@@ -127,7 +127,7 @@ def test_full_arange_like():
                 torch.arange(2, 20, 3), torch.arange(5, dtype=torch.float32) * x[0, 0],
                 torch.arange(0.0, 1.0, 0.125), torch.arange(-1.5, 2.0, 0.5, dtype=torch.float64),
                 torch.arange(10, 0, -2), x + torch.arange(4), torch.zeros(2, 3, dtype=torch.bool),
-                torch.empty(0, 3).sum(0), torch.ones(3) + x)
+                torch.empty(0, 3).sum(0), torch.ones(4) + x)
 
     check(f, randn(3, 4), expect_native=True)
 

@@ -252,6 +252,7 @@ class _Renderer:
     # -------------------------------------------------------------- reductions
     def reduce(self, s: k.Reduce, depth: int) -> None:
         t = compute_dtype(s.dtype)
+        self.types[s.out] = torch.int64 if s.kind in ("argmax", "argmin") else t
         ident = _identity(s.kind, t)
         masked = f"tl.where(xmask & rmask, {s.value}, {ident})"
         if s.kind in ("argmax", "argmin"):

@@ -46,7 +46,7 @@ def _restride(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
 
 
 def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_names: dict[Node, str],
-                       layouts, device: torch.device) -> HostProgram:
+                       layouts, device: torch.device, pass_pointers: bool = True) -> HostProgram:
     graph = schedule.graph
     g: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
                          "as_strided": torch.as_strided, "restride": _restride}
@@ -92,7 +92,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                 alloc(root)
             if kern.outer_numel * max(kern.reduce_numel, 1) > 0 or kern.reduce:
                 g[kern.name] = None  # filled in with the compiled function
-                ptrs = ", ".join(f"{p.name}.data_ptr()" for p in kern.params)
+                ptrs = ", ".join(f"{p.name}.data_ptr()" if pass_pointers else p.name for p in kern.params)
                 lines.append(f"    {kern.name}({ptrs})")
         elif step.op is Op.EXTERN:
             fname = f"extern{step.id}"

@@ -11,6 +11,7 @@ import torch
 import torch.fx as fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
+from kiln.codegen.backends import get_backend, resolve_target, target_problem
 from kiln.frontend.decompositions import decomposition_table
 from kiln.options import Options, env_debug
 
@@ -20,28 +21,41 @@ log = logging.getLogger("kiln")
 REPORTS: list = []
 
 
-def _unsupported_reason(example_inputs: list[Any]) -> str | None:
+def _unsupported_reason(example_inputs: list[Any], target: str) -> str | None:
+    devices = set()
     for x in example_inputs:
         if isinstance(x, torch.SymInt):
             return "dynamic shapes are not compiled yet"
         if isinstance(x, torch.Tensor):
-            if x.device.type != "cpu":
-                return f"tensors on {x.device.type} are not compiled yet"
+            devices.add(x.device)
+            problem = target_problem(target, x.device)
+            if problem:
+                return problem
             if any(isinstance(s, torch.SymInt) for s in x.shape):
                 return "dynamic shapes are not compiled yet"
             if x.is_complex() or x.is_sparse or x.is_quantized:
                 return f"{x.dtype} / {x.layout} tensors are not compiled"
+    if len(devices) > 1:
+        return f"inputs on several devices ({', '.join(sorted(map(str, devices)))})"
     return None
+
+
+def _graph_device(example_inputs: list[Any]) -> torch.device:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
 
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: Options) -> Callable:
     """Compile one ATen graph; on any failure, return the graph itself (runs in ATen)."""
-    reason = _unsupported_reason(example_inputs)
+    target = resolve_target(options.target, _graph_device(example_inputs))
+    reason = _unsupported_reason(example_inputs, target)
     if reason is None:
         try:
             from kiln.passes.pipeline import compile_graph
 
-            fn, report = compile_graph(gm, example_inputs)
+            fn, report = compile_graph(gm, example_inputs, get_backend(target))
             REPORTS.append(report)
             fn._boxed_call = True
             return fn

@@ -62,8 +62,11 @@ def _check(result: Node, val: torch.Tensor, b: Builder) -> Node:
     return cast(b, result, val.dtype)
 
 
-def import_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Graph, dict[str, str]]:
-    """Returns the tensor graph and, for each fallback op, why it was not lowered."""
+def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
+                 unsupported_fns: frozenset = frozenset()) -> tuple[Graph, dict[str, str]]:
+    """Returns the tensor graph and, for each fallback op, why it was not lowered.
+    Ops whose lowering needs an element-wise function in unsupported_fns (one the code
+    generator cannot express) run in ATen."""
     b = Builder()
     env: dict[fx.Node, Any] = {}
     fallbacks: dict[str, str] = {}
@@ -79,7 +82,7 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Graph, 
         elif n.op == "get_attr":
             env[n] = _tensor_constant(b, _fetch_attr(gm, n.target))
         elif n.op == "call_function":
-            env[n] = _lower_call(b, n, env, fallbacks)
+            env[n] = _lower_call(b, n, env, fallbacks, unsupported_fns)
         elif n.op == "output":
             fx_outs = tree_flatten(n.args[0])[0]
             outs = [env[a] if isinstance(a, fx.Node) else a for a in fx_outs]
@@ -128,7 +131,8 @@ def _tensor_constant(b: Builder, value: Any) -> Any:
         return _extern(b, _TensorConstant(value), (), {}, value, "tensor constant of the graph")
 
 
-def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str]) -> Any:
+def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
+                unsupported_fns: frozenset = frozenset()) -> Any:
     args = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.args)
     kwargs = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.kwargs)
     val = n.meta.get("val")
@@ -145,7 +149,11 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str]) ->
         single = isinstance(val, torch.Tensor)
         ctx = LowerCtx(b, n.target, tuple(val.shape) if single else None, val.dtype if single else None, n)
         try:
+            first_new = len(b.nodes)
             result = fn(ctx, *args, **kwargs)
+            missing = {m.fn for m in b.nodes[first_new:] if m.op is Op.POINTWISE} & unsupported_fns
+            if missing:
+                raise Unsupported(f"the code generator has no {', '.join(sorted(missing))}")
             if single:
                 return _check(result, val, b)
             if isinstance(val, (tuple, list)) and isinstance(result, (tuple, list)):

@@ -48,13 +48,23 @@ def _arange(ctx: LowerCtx, *args, dtype=None, layout=None, device=None, pin_memo
     if len(args) == 3:
         step = args[2]
     (n,) = ctx.out_shape
-    return ctx.b.make(Op.IOTA, (), (0, start, step), (n,), ctx.out_dtype)
+    return _range(ctx, n, start, step)
+
+
+def _range(ctx: LowerCtx, n: int, start, step) -> Node:
+    """start + step * i; IOTA counts in integers, so fractional ranges are computed in double
+    and rounded once, as eager's arange does."""
+    if isinstance(start, int) and isinstance(step, int):
+        return ctx.b.make(Op.IOTA, (), (0, start, step), (n,), ctx.out_dtype)
+    count = core.cast(ctx.b, ctx.b.make(Op.IOTA, (), (0, 0, 1), (n,), torch.int64), torch.float64)
+    value = core.pointwise(ctx.b, "add", core.pointwise(ctx.b, "mul", count, float(step)), float(start))
+    return core.cast(ctx.b, value, ctx.out_dtype)
 
 
 @lowering(torch.ops.prims.iota.default)
 def _iota(ctx: LowerCtx, length, *, start, step, dtype, device, requires_grad):
     _check_device(device)
-    return ctx.b.make(Op.IOTA, (), (0, start, step), (length,), ctx.out_dtype)
+    return _range(ctx, length, start, step)
 
 
 def gather(ctx: LowerCtx, src: Node, index_map, indices: list[Node], shape) -> Node:

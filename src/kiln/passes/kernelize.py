@@ -25,12 +25,12 @@ class _StageBuilder:
 
 
 # Rows up to this many elements keep reused values in a local array (C++ stack, L1/L2).
-ROW_SCRATCH_LIMIT = 16384
+ROW_SCRATCH_LIMIT = 16384  # the C++ backend's; others state their own
 
 
 class KernelEmitter:
     def __init__(self, name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts,
-                 row_scratch: bool = True):
+                 row_scratch_limit: int = 0):
         self.name = name
         self.plan = plan
         self.buffer_names = buffer_names
@@ -46,7 +46,7 @@ class KernelEmitter:
         reduce_numel = 1
         for sym in self.reduce:
             reduce_numel *= sym.extent
-        self.use_scratch = row_scratch and bool(self.reduce) and reduce_numel <= ROW_SCRATCH_LIMIT
+        self.use_scratch = bool(self.reduce) and reduce_numel <= row_scratch_limit
 
     # ------------------------------------------------------------------ helpers
     def _tmp(self) -> str:
@@ -274,5 +274,6 @@ def _reductions_below(root: Node, stored) -> list[Node]:
     return sorted(found, key=lambda n: n.id)
 
 
-def emit_kernel(name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts) -> k.Kernel:
-    return KernelEmitter(name, plan, buffer_names, layouts).build()
+def emit_kernel(name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts,
+                row_scratch_limit: int = 0) -> k.Kernel:
+    return KernelEmitter(name, plan, buffer_names, layouts, row_scratch_limit).build()

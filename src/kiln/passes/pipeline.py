@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from kiln.codegen.cpp import render_source
+from kiln.codegen.backends import Backend
 from kiln.codegen.wrapper import build_host_program
 from kiln.frontend.importer import import_graph
 from kiln.ir.kernel import Kernel, kernel_str
@@ -30,7 +30,6 @@ from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, p
 from kiln.passes.kernelize import emit_kernel
 from kiln.passes.layout import Layouts
 from kiln.passes.simplify import all_rules, simplify
-from kiln.runtime.cpp_build import build_all
 
 
 @dataclass
@@ -42,6 +41,7 @@ class PassRecord:
 
 @dataclass
 class CompileReport:
+    backend: str = ""
     passes: list[PassRecord] = field(default_factory=list)
     graph_text: str = ""
     decisions: list[Decision] = field(default_factory=list)
@@ -80,10 +80,10 @@ def buffer_names_for(graph: Graph, stored) -> dict[Node, str]:
     return names
 
 
-def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Callable, CompileReport]:
-    report = CompileReport()
+def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], backend: Backend) -> tuple[Callable, CompileReport]:
+    report = CompileReport(backend=backend.name)
     with _Timer(report, "import") as t:
-        graph, report.fallbacks = import_graph(gm, example_inputs)
+        graph, report.fallbacks = import_graph(gm, example_inputs, backend.unsupported_fns)
         t.summary = f"{len(graph.nodes)} nodes, {len(report.fallbacks)} op kinds run in ATen"
     with _Timer(report, "simplify") as t:
         before = len(graph.nodes)
@@ -96,25 +96,24 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Callab
         stored, aliases, decisions = plan_stores(graph, layouts)
         t.summary = f"{len(stored)} buffers, {len(aliases)} views passed without copy"
     with _Timer(report, "fuse+kernelize") as t:
-        sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts)
+        sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend)
         report.decisions = sched.decisions
         report.kernels = list(kernels.values())
         externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
         t.summary = f"{len(kernels)} kernels, {externs} ATen calls"
     with _Timer(report, "codegen") as t:
         names = buffer_names_for(graph, sched.stored)
-        report.sources = {kern.name: render_source(kern) for kern in kernels.values()}
+        report.sources = {kern.name: backend.render(kern) for kern in kernels.values()}
         device = _device_of(example_inputs)
-        host = build_host_program(sched, kernels, names, layouts, device)
+        host = build_host_program(sched, kernels, names, layouts, device, backend.pass_pointers)
         report.host_source = host.source
-        t.summary = f"{sum(len(s) for s in report.sources.values())} bytes of C++"
+        t.summary = f"{sum(len(s) for s in report.sources.values())} bytes of {backend.language}"
     with _Timer(report, "build") as t:
-        jobs = [(report.sources[kern.name], kern.name, len(kern.params)) for kern in kernels.values()]
-        results = build_all(jobs)
-        report.cache_hits = sum(r.cached for r in results)
-        for kern, res in zip(kernels.values(), results):
-            host.globals[kern.name] = res.fn
-        t.summary = f"{len(results) - report.cache_hits} compiled, {report.cache_hits} from cache"
+        kern_list = list(kernels.values())
+        launchers, report.cache_hits = backend.build(kern_list, [report.sources[k.name] for k in kern_list])
+        for kern, launch in zip(kern_list, launchers):
+            host.globals[kern.name] = launch
+        t.summary = f"{len(launchers) - report.cache_hits} compiled, {report.cache_hits} from cache"
     return host.load(), report
 
 
@@ -125,7 +124,8 @@ def _device_of(example_inputs) -> torch.device:
     return torch.device("cpu")
 
 
-def _fuse_and_kernelize(graph, stored, aliases, decisions, layouts) -> tuple[Schedule, dict[int, Kernel]]:
+def _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend: Backend
+                        ) -> tuple[Schedule, dict[int, Kernel]]:
     while True:
         sched = schedule(graph, dict(stored), aliases, list(decisions))
         names = buffer_names_for(graph, sched.stored)
@@ -133,7 +133,8 @@ def _fuse_and_kernelize(graph, stored, aliases, decisions, layouts) -> tuple[Sch
         try:
             for step in sched.steps:
                 if isinstance(step, KernelPlan):
-                    kernels[id(step)] = emit_kernel(f"kernel{len(kernels)}", step, names, layouts)
+                    kernels[id(step)] = emit_kernel(f"kernel{len(kernels)}", step, names, layouts,
+                                                    backend.row_scratch_limit)
             return sched, kernels
         except FusionMismatch as e:
             stored = dict(sched.stored)

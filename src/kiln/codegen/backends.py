@@ -1,0 +1,75 @@
+"""Code generators, chosen by target. Passes above codegen ask a backend what it can do
+(its capabilities) and never import a renderer themselves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kiln.ir.kernel import Kernel
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    language: str
+    render: Callable[[Kernel], str]
+    # (kernels, sources) -> (launchers, number found in the cache)
+    build: Callable[[list[Kernel], list[str]], tuple[list[Callable], int]]
+    pass_pointers: bool  # launchers take raw addresses (C++) or tensors (Triton)
+    row_scratch_limit: int  # longest row whose reused values a kernel may keep locally
+    unsupported_fns: frozenset = frozenset()  # element-wise functions left to ATen
+
+
+def _cpp() -> Backend:
+    from kiln.codegen import cpp
+    from kiln.passes.kernelize import ROW_SCRATCH_LIMIT
+    from kiln.runtime import cpp_build
+
+    def build(kernels, sources):
+        results = cpp_build.build_all([(src, k.name, len(k.params)) for k, src in zip(kernels, sources)])
+        return [r.fn for r in results], sum(r.cached for r in results)
+
+    return Backend("cpp", "C++", cpp.render_source, build, True, ROW_SCRATCH_LIMIT)
+
+
+def _triton() -> Backend:
+    from kiln.codegen import triton as tr
+    from kiln.codegen import triton_math
+    from kiln.runtime import triton_build
+
+    def build(kernels, sources):
+        results = triton_build.build_all(list(zip(kernels, sources)))
+        return [r.fn for r in results], sum(r.cached for r in results)
+
+    unsupported = triton_math.INTERPRETER_UNSUPPORTED if triton_math.INTERPRETED else frozenset()
+    return Backend("triton", "Triton", tr.render_source, build, False, tr.PERSISTENT_MAX, unsupported)
+
+
+_FACTORIES = {"cpp": _cpp, "triton": _triton}
+
+
+def resolve_target(target: str, device: torch.device) -> str:
+    """The code generator for tensors on device: "auto" picks C++ on CPUs, Triton on GPUs."""
+    if target == "auto":
+        return "triton" if device.type == "cuda" else "cpp"
+    return target
+
+
+def get_backend(name: str) -> Backend:
+    return _FACTORIES[name]()
+
+
+def target_problem(target: str, device: torch.device) -> str | None:
+    """Why this target cannot run tensors on device, or None."""
+    import os
+
+    if target == "cpp" and device.type != "cpu":
+        return f"the C++ backend runs CPU tensors only, not {device.type}"
+    if target == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "Triton on CPU tensors needs TRITON_INTERPRET=1 (Triton's interpreter)"
+    if target == "triton" and device.type not in ("cpu", "cuda"):
+        return f"the Triton backend does not run {device.type} tensors"
+    return None

@@ -1,0 +1,63 @@
+"""Triton kernels: generated source written to the cache by content hash, imported, and
+wrapped in a launcher with the kernel's launch configuration."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from kiln.ir.kernel import Kernel
+from kiln.runtime.cache import atomic_write, cache_dir, content_hash
+
+
+@dataclass
+class TritonBuild:
+    fn: Callable
+    cached: bool
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _versions() -> str:
+    import triton
+
+    parts = [triton.__version__, "interpreter" if interpreted() else ""]
+    try:
+        import torch
+
+        if torch.cuda.is_available() and not interpreted():
+            parts += [torch.version.cuda or "", torch.cuda.get_device_name(), str(torch.cuda.get_device_capability())]
+    except Exception:  # noqa: BLE001 - versions only refine the key
+        pass
+    return " ".join(parts)
+
+
+def build(kernel: Kernel, source: str) -> TritonBuild:
+    from kiln.codegen.triton import launch_config
+
+    key = content_hash(source, _versions())
+    path = cache_dir("triton") / f"{kernel.name}_{key}.py"
+    cached = path.exists()
+    if not cached:
+        atomic_write(path, source)
+    spec = importlib.util.spec_from_file_location(f"kiln_triton_{key}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    jit_fn = getattr(module, kernel.name)
+    xblock, rblock, warps = launch_config(kernel, interpreted())
+    grid = ((kernel.outer_numel + xblock - 1) // xblock,)
+    launcher = jit_fn[grid]
+
+    def launch(*tensors):
+        launcher(*tensors, XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
+
+    launch.__name__ = kernel.name
+    return TritonBuild(launch, cached)
+
+
+def build_all(jobs: list[tuple[Kernel, str]]) -> list[TritonBuild]:
+    return [build(kernel, source) for kernel, source in jobs]

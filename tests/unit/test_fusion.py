@@ -1,0 +1,160 @@
+"""Fusion decisions, read from the Schedule and its Decision values (no C++ is built)."""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kiln.codegen.backends import get_backend
+from kiln.frontend.decompositions import decomposition_table
+from kiln.frontend.importer import import_graph
+from kiln.ir.kernel import Kernel
+from kiln.passes.fusion import KernelPlan, Schedule, plan_stores
+from kiln.passes.layout import Layouts
+from kiln.passes.pipeline import _fuse_and_kernelize
+from kiln.passes.simplify import all_rules, simplify
+
+
+def plan(fn, *args) -> tuple[Schedule, list[Kernel]]:
+    """Schedule and kernel IR of fn, through the same passes as compile_graph."""
+    backend = get_backend("cpp")
+    gm = make_fx(fn, decomposition_table=decomposition_table())(*args)
+    graph, _ = import_graph(gm, list(args), backend.unsupported_fns)
+    graph, _ = simplify(graph, all_rules())
+    layouts = Layouts(graph)
+    stored, aliases, decisions = plan_stores(graph, layouts)
+    sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend)
+    return sched, list(kernels.values())
+
+
+def kernel_plans(sched: Schedule) -> list[KernelPlan]:
+    return [s for s in sched.steps if isinstance(s, KernelPlan)]
+
+
+def verdicts(sched: Schedule, verdict: str) -> list:
+    return [d for d in sched.decisions if d.verdict == verdict]
+
+
+def test_element_wise_chain_is_one_kernel():
+    sched, kernels = plan(lambda x, y: torch.sigmoid(torch.relu(x * 2 + y).exp() - 1), torch.randn(4, 8),
+                          torch.randn(4, 8))
+    assert len(kernels) == 1 and not kernels[0].reduce
+    (only,) = kernel_plans(sched)
+    assert only.axes == () and len(only.roots) == 1
+    assert [n.op.value for n in sched.stored] == ["input", "input", "pointwise"]
+
+
+def test_broadcast_and_views_are_recomputed_not_stored():
+    sched, kernels = plan(lambda x, b: (x.t() + b).relu(), torch.randn(8, 4), torch.randn(8))
+    assert len(kernels) == 1
+    assert all(n.op.value in ("input", "pointwise") for n in sched.stored)
+
+
+def test_softmax_is_one_kernel_with_both_reductions_fused():
+    sched, kernels = plan(lambda x: torch.softmax(x, -1), torch.randn(4, 16))
+    assert len(kernels) == 1 and kernels[0].is_reduction
+    fused = verdicts(sched, "fused")
+    assert [d.node.split()[1] for d in fused] == ["reduce.max", "reduce.sum"]
+    assert all("row by row" in d.reason for d in fused)
+    assert not verdicts(sched, "stored")
+
+
+def test_layer_norm_is_one_kernel():
+    def f(x, w, b):
+        return torch.nn.functional.layer_norm(x, (16,), w, b)
+
+    sched, kernels = plan(f, torch.randn(4, 16), torch.randn(16), torch.randn(16))
+    assert len(kernels) == 1
+    assert verdicts(sched, "fused") and not verdicts(sched, "stored")
+
+
+def test_reduction_along_columns_fuses_into_its_consumer():
+    sched, kernels = plan(lambda x: x - x.sum(0), torch.randn(4, 8))
+    assert len(kernels) == 1
+    (only,) = kernel_plans(sched)
+    assert only.iter_shape == (4, 8) and only.axes == (0,)
+
+
+def test_reduction_read_at_another_row_is_stored_with_a_reason():
+    def f(x):  # row i reads the sum of row 2 * (i % 2) + i // 2
+        return x + x.sum(1).view(2, 2).t().reshape(4)[:, None]
+
+    sched, kernels = plan(f, torch.randn(4, 8))
+    assert len(kernels) == 2
+    (stored,) = verdicts(sched, "stored")
+    assert stored.node.endswith("reduce.sum")
+    assert "not at its own row" in stored.reason and "%" in stored.reason
+
+
+def test_reduction_consumed_over_another_domain_is_stored_with_a_reason():
+    def f(x):
+        s = x.sum(1)
+        return s[:, None] * s[None, :]  # [4, 4]: no loop over the rows of x
+
+    sched, kernels = plan(f, torch.randn(4, 8))
+    assert len(kernels) == 2
+    (stored,) = verdicts(sched, "stored")
+    assert "iterates [4, 4] over axes []" in stored.reason
+
+
+def test_extern_result_is_read_by_the_next_kernel():
+    sched, kernels = plan(lambda x, w: torch.relu(x @ w) + 1, torch.randn(4, 8), torch.randn(8, 8))
+    steps = ["kernel" if isinstance(s, KernelPlan) else str(s.attrs[0]) for s in sched.steps]
+    assert steps == ["aten.mm.default", "kernel"]
+    (extern,) = verdicts(sched, "extern")
+    assert "aten.mm" in extern.node and extern.reason
+    (kernel,) = kernels
+    mm = next(s for s in sched.steps if not isinstance(s, KernelPlan))
+    assert f"buf{mm.id}" in [p.name for p in kernel.params if not p.is_output]
+
+
+def test_element_wise_producer_of_an_extern_is_one_kernel_before_it():
+    sched, kernels = plan(lambda x, w: torch.tanh(x * 2 + 1) @ w, torch.randn(4, 8), torch.randn(8, 8))
+    steps = ["kernel" if isinstance(s, KernelPlan) else str(s.attrs[0]) for s in sched.steps]
+    assert steps == ["kernel", "aten.mm.default"]
+    assert any("argument of ATen call aten.mm" in why for why in sched.stored.values())
+
+
+def test_independent_kernels_over_the_same_domain_merge():
+    sched, kernels = plan(lambda x, y: (x.sin(), y.cos()), torch.randn(4, 8), torch.randn(4, 8))
+    assert len(kernels) == 1
+    (only,) = kernel_plans(sched)
+    assert len(only.roots) == 2
+    (merged,) = verdicts(sched, "merged")
+    assert "same domain [4, 8]" in merged.reason and "independent" in merged.reason
+
+
+def test_dependent_kernels_do_not_merge():
+    def f(x, w):
+        h = x.sin()
+        return h, (h @ w).cos()  # the cos kernel needs the mm, which needs the sin kernel
+
+    sched, kernels = plan(f, torch.randn(4, 8), torch.randn(8, 8))
+    assert len(kernels) == 2 and not verdicts(sched, "merged")
+
+
+def test_kernels_over_different_domains_do_not_merge():
+    sched, kernels = plan(lambda x, y: (x.sin(), y.cos()), torch.randn(4, 8), torch.randn(8, 4))
+    assert len(kernels) == 2 and not verdicts(sched, "merged")
+
+
+def test_output_view_of_an_input_is_an_alias():
+    sched, kernels = plan(lambda x: x.t(), torch.randn(4, 8))
+    assert not kernels
+    (alias,) = verdicts(sched, "alias")
+    assert "strided view" in alias.reason
+
+
+def test_output_view_with_other_strides_than_eager_is_stored():
+    # eager's .contiguous() gives strides (4, 1); an alias of x * 2 would have (1, 8)
+    sched, kernels = plan(lambda x: (x * 2).t().contiguous(), torch.randn(4, 8))
+    assert not verdicts(sched, "alias") and len(kernels) == 1
+
+
+def test_every_decision_has_a_reason():
+    def f(x, w):
+        return torch.softmax(x @ w, -1), x.sum(1)[:, None] * x.sum(1)[None, :], x.t()
+
+    sched, _ = plan(f, torch.randn(4, 8), torch.randn(8, 8))
+    assert {d.verdict for d in sched.decisions} >= {"extern", "fused", "stored", "alias"}
+    assert all(d.reason for d in sched.decisions)
