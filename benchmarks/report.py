@@ -82,7 +82,7 @@ def _s(v: float | None) -> str:
 
 
 MAIN_HEADER = ["case", "eager ms", "Inductor ms", "kiln ms", "kiln vs eager", "kiln vs Inductor",
-               "kiln GB/s", "noise (IQR)", "cold compile kiln s", "cold compile Inductor s",
+               "kiln GB/s", "noise (IQR)", "cold compile kiln s", "kiln passes s", "cold compile Inductor s",
                "kiln kernels", "ops kiln left to ATen"]
 WARM_HEADER = ["case", "kernels built", "kernels from cache", "kiln pass time s",
                "first call s", "process wall s"]
@@ -95,7 +95,8 @@ def main_row(r: CaseResult) -> list[str]:
         aten = f"{r.kiln.aten_graphs} whole graph(s); " + aten
     return [r.name, _ms(r, "eager"), _ms(r, "inductor"), _ms(r, "kiln"), _x(r.speedup("eager")),
             _x(r.speedup("inductor")), f"{gbs:.1f}" if gbs else "-", f"{r.spread() * 100:.0f}%",
-            _s(r.compile_s.get("kiln")), _s(r.compile_s.get("inductor")), str(r.kiln.kernels),
+            _s(r.compile_s.get("kiln")), f"{r.kiln.pass_seconds:.2f}", _s(r.compile_s.get("inductor")),
+            str(r.kiln.kernels),
             aten or "none"]
 
 
@@ -113,9 +114,19 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+# The terminal table: a subset of the markdown columns, with short labels.
+TERMINAL_COLUMNS = {"case": "case", "eager ms": "eager ms", "Inductor ms": "Ind. ms", "kiln ms": "kiln ms",
+                    "kiln vs eager": "vs eager", "kiln vs Inductor": "vs Ind.", "kiln GB/s": "GB/s",
+                    "noise (IQR)": "noise", "cold compile kiln s": "kiln cold s",
+                    "cold compile Inductor s": "Ind. cold s", "kiln kernels": "kernels"}
+
+
 def print_table(results: list[CaseResult]) -> None:
-    header = MAIN_HEADER[:7] + ["kiln s", "Ind. s", "kernels"]
-    rows = [main_row(r)[:7] + main_row(r)[8:11] for r in results]
+    header = list(TERMINAL_COLUMNS.values())
+    rows = []
+    for r in results:
+        cells = dict(zip(MAIN_HEADER, main_row(r)))
+        rows.append([cells[c] for c in TERMINAL_COLUMNS])
     widths = [max(len(x) for x in col) for col in zip(header, *rows)]
     print()
     for row in [header, *rows]:
@@ -201,10 +212,12 @@ def write_markdown(path: str, results: list[CaseResult], *, command: str, starte
         "- **kiln GB/s**: the bytes that must move (every input read once, every output written once) "
         "divided by kiln's median time; compare it with the copy ceiling above.",
         "- **Cold compile** (s columns): the wall time of a compiled function's first call minus one "
-        "eager run, with Inductor's and kiln's caches in fresh empty folders (`TORCHINDUCTOR_CACHE_DIR`, "
+        "run of it (its median above), with Inductor's and kiln's caches in fresh empty folders (`TORCHINDUCTOR_CACHE_DIR`, "
         "`KILN_CACHE_DIR`) and `torch._dynamo.reset()` before each compile. Each compiler's one-time "
         "start-up in the process (Dynamo, AOTAutograd, imports, Inductor's compile workers) is paid "
-        "before the first case and reported above, not in these columns.",
+        "before the first case and reported above, not in these columns. `kiln passes` is the part "
+        "of kiln's cold compile spent in kiln's own passes (import to C++ build); the rest is Dynamo "
+        "and AOTAutograd.",
         "- **Warm start**: a new Python process compiles the case with kiln on the cache the cold run "
         "filled. `kiln pass time` is the sum of kiln's pass times in its compile reports; `first call` "
         "is the compiled function's first call (Dynamo capture, AOTAutograd, kiln, one run); `process "

@@ -3,28 +3,9 @@
 from __future__ import annotations
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.codegen.backends import get_backend
-from kiln.frontend.decompositions import decomposition_table
-from kiln.frontend.importer import import_graph
-from kiln.ir.kernel import Kernel
-from kiln.passes.fusion import KernelPlan, Schedule, plan_stores
-from kiln.passes.layout import Layouts
-from kiln.passes.pipeline import _fuse_and_kernelize
-from kiln.passes.simplify import all_rules, simplify
-
-
-def plan(fn, *args) -> tuple[Schedule, list[Kernel]]:
-    """Schedule and kernel IR of fn, through the same passes as compile_graph."""
-    backend = get_backend("cpp")
-    gm = make_fx(fn, decomposition_table=decomposition_table())(*args)
-    graph, _ = import_graph(gm, list(args), backend.unsupported_fns)
-    graph, _ = simplify(graph, all_rules())
-    layouts = Layouts(graph)
-    stored, aliases, decisions = plan_stores(graph, layouts)
-    sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend)
-    return sched, list(kernels.values())
+from kiln.passes.fusion import KernelPlan, Schedule
+from planning import plan
 
 
 def kernel_plans(sched: Schedule) -> list[KernelPlan]:

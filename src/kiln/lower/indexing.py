@@ -25,6 +25,12 @@ def _full(ctx: LowerCtx, size, fill_value, *, dtype=None, layout=None, device=No
     return core.constant(ctx.b, fill_value, ctx.out_dtype, tuple(size))
 
 
+@lowering(aten.empty.memory_format)
+def _empty(ctx: LowerCtx, size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    _check_device(device)
+    return core.constant(ctx.b, 0, ctx.out_dtype, tuple(size))  # any value will do; zeros are cheapest
+
+
 @lowering(aten.scalar_tensor.default)
 def _scalar_tensor(ctx: LowerCtx, value, *, dtype=None, layout=None, device=None, pin_memory=None):
     _check_device(device)

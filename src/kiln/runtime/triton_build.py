@@ -61,3 +61,30 @@ def build(kernel: Kernel, source: str) -> TritonBuild:
 
 def build_all(jobs: list[tuple[Kernel, str]]) -> list[TritonBuild]:
     return [build(kernel, source) for kernel, source in jobs]
+
+
+_POINTER_TYPE = {
+    "float32": "*fp32", "float64": "*fp64", "bfloat16": "*bf16", "float16": "*fp16", "int64": "*i64",
+    "int32": "*i32", "int16": "*i16", "int8": "*i8", "uint8": "*u8", "bool": "*i1",
+}
+
+
+def compile_for_target(kernel: Kernel, source: str, arch: int = 90, warp_size: int = 32):
+    """Compile a generated kernel for a CUDA architecture without a GPU (ahead of time)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, compile as triton_compile
+
+    from kiln.codegen.triton import launch_config
+
+    key = content_hash(source, "aot")
+    path = cache_dir("triton") / f"{kernel.name}_{key}.py"
+    if not path.exists():
+        atomic_write(path, source)
+    spec = importlib.util.spec_from_file_location(f"kiln_triton_aot_{key}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    xblock, rblock, warps = launch_config(kernel, False)
+    signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
+    signature.update(XBLOCK="constexpr", RBLOCK="constexpr")
+    src = ASTSource(getattr(module, kernel.name), signature, constexprs={"XBLOCK": xblock, "RBLOCK": rblock})
+    return triton_compile(src, target=GPUTarget("cuda", arch, warp_size), options={"num_warps": warps})
