@@ -172,7 +172,8 @@ def make_gpt2(small: bool = False) -> Workload:
 
 
 CASES: list[Case] = [
-    Case("elementwise", "14-op element-wise chain, 2048x2048 f32", make_elementwise),
+    Case("elementwise", "20-op element-wise chain (mul/add/exp/tanh/sigmoid/where/sqrt), 2048x2048 f32",
+         make_elementwise),
     Case("rmsnorm_f32", "RMSNorm 4096x4096 f32", make_rms_norm_f32),
     Case("rmsnorm_bf16", "RMSNorm 4096x4096 bf16 (f32 statistics)", make_rms_norm_bf16),
     Case("bias_gelu_ln", "bias+GELU+residual+LayerNorm 4096x1024 f32", make_bias_gelu_ln),

@@ -42,14 +42,14 @@ class CaseResult:
         samples = self.seconds.get(variant)
         return statistics.median(samples) if samples else None
 
-    def spread(self) -> float:
+    def spread(self) -> float | None:
         """The largest relative inter-quartile range among the variants: how noisy this row is."""
-        worst = 0.0
+        ranges = []
         for samples in self.seconds.values():
             if len(samples) >= 4:
                 q = statistics.quantiles(samples, n=4)
-                worst = max(worst, (q[2] - q[0]) / statistics.median(samples))
-        return worst
+                ranges.append((q[2] - q[0]) / statistics.median(samples))
+        return max(ranges) if ranges else None
 
     def speedup(self, over: str) -> float | None:
         base, mine = self.median(over), self.median("kiln")
@@ -77,6 +77,14 @@ def _x(v: float | None) -> str:
     return f"{v:.2f}" if v else "-"
 
 
+def _gbs(v: float | None) -> str:
+    return "-" if not v else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def _percent(v: float | None) -> str:
+    return f"{v * 100:.0f}%" if v is not None else "-"
+
+
 def _s(v: float | None) -> str:
     return f"{v:.2f}" if v is not None else "-"
 
@@ -94,7 +102,7 @@ def main_row(r: CaseResult) -> list[str]:
     if r.kiln.aten_graphs:
         aten = f"{r.kiln.aten_graphs} whole graph(s); " + aten
     return [r.name, _ms(r, "eager"), _ms(r, "inductor"), _ms(r, "kiln"), _x(r.speedup("eager")),
-            _x(r.speedup("inductor")), f"{gbs:.1f}" if gbs else "-", f"{r.spread() * 100:.0f}%",
+            _x(r.speedup("inductor")), _gbs(gbs), _percent(r.spread()),
             _s(r.compile_s.get("kiln")), f"{r.kiln.pass_seconds:.2f}", _s(r.compile_s.get("inductor")),
             str(r.kiln.kernels),
             aten or "none"]
@@ -178,6 +186,36 @@ def machine_lines() -> list[str]:
     ]
 
 
+READING_NOTES = """\
+## How to read these numbers
+
+- **Warm** (ms columns): median of {repeat} calls of each variant after 3 warm-up calls, taken in
+  turns (eager, Inductor, kiln, rotating the order each round) in one process, so that load from
+  other processes hits all three alike. Speedups are ratios of these medians. `noise` is the
+  largest inter-quartile range among the three variants, relative to its median: on a shared
+  machine, trust the ratios of a row only as far as its noise allows.
+- **kiln GB/s**: the bytes that must move (every input read once, every output written once)
+  divided by kiln's median time; compare it with the copy ceiling above. `swiglu_ffn` and `gpt2`
+  spend most of their time in matmuls (ATen), so their GB/s says little.
+- **Cold compile** (s columns): the wall time of a compiled function's first call minus one run of
+  it (its median above), with Inductor's and kiln's caches in fresh empty folders
+  (`TORCHINDUCTOR_CACHE_DIR`, `KILN_CACHE_DIR`) and `torch._dynamo.reset()` before each compile.
+  Each compiler's one-time start-up in the process (Dynamo, AOTAutograd, imports, Inductor's
+  compile workers) is paid before the first case and reported above, not in these columns.
+  `kiln passes` is the part of kiln's cold compile spent in kiln's own passes (import to C++
+  build); the rest is Dynamo and AOTAutograd.
+- **Warm start**: a new Python process compiles the case with kiln on the cache the cold run
+  filled. `kiln pass time` is the sum of kiln's pass times in its compile reports; `first call` is
+  the compiled function's first call (Dynamo capture, AOTAutograd, kiln, one run); `process wall`
+  is the whole process, imports and input creation included.
+- **Peak memory** is not reported: on the CPU, torch's allocator keeps no statistics, tracemalloc
+  does not see it, and max-RSS deltas from `resource.getrusage` are too coarse to compare
+  variants run in one process.
+- A result that does not match eager (`torch.testing.assert_close`, tolerances per dtype) is FAIL
+  and is not timed.
+"""
+
+
 def write_markdown(path: str, results: list[CaseResult], *, command: str, started: datetime.datetime,
                    copy_gbs: float, startup: dict[str, float], repeat: int, elapsed_s: float) -> None:
     parts = [
@@ -203,31 +241,7 @@ def write_markdown(path: str, results: list[CaseResult], *, command: str, starte
         *[f"- `{r.name}`: {r.description}; {r.nbytes / 1e6:.1f} MB must move" for r in results],
         "",
         _failures(results),
-        "## How to read these numbers",
-        "",
-        f"- **Warm** (ms columns): median of {repeat} calls of each variant, after "
-        "3 warm-up calls, taken in turns (eager, Inductor, kiln, rotating the order each round) in one "
-        "process so that load from other processes hits all three alike. Speedups are ratios of these "
-        "medians; `noise` is the largest inter-quartile range among the three, relative to its median.",
-        "- **kiln GB/s**: the bytes that must move (every input read once, every output written once) "
-        "divided by kiln's median time; compare it with the copy ceiling above.",
-        "- **Cold compile** (s columns): the wall time of a compiled function's first call minus one "
-        "run of it (its median above), with Inductor's and kiln's caches in fresh empty folders (`TORCHINDUCTOR_CACHE_DIR`, "
-        "`KILN_CACHE_DIR`) and `torch._dynamo.reset()` before each compile. Each compiler's one-time "
-        "start-up in the process (Dynamo, AOTAutograd, imports, Inductor's compile workers) is paid "
-        "before the first case and reported above, not in these columns. `kiln passes` is the part "
-        "of kiln's cold compile spent in kiln's own passes (import to C++ build); the rest is Dynamo "
-        "and AOTAutograd.",
-        "- **Warm start**: a new Python process compiles the case with kiln on the cache the cold run "
-        "filled. `kiln pass time` is the sum of kiln's pass times in its compile reports; `first call` "
-        "is the compiled function's first call (Dynamo capture, AOTAutograd, kiln, one run); `process "
-        "wall` is the whole process, imports included.",
-        "- **Peak memory** is not reported: on the CPU, torch's allocator keeps no statistics, "
-        "tracemalloc does not see it, and max-RSS deltas from `resource.getrusage` are too coarse to "
-        "compare variants run in one process.",
-        "- A result that does not match eager (`torch.testing.assert_close`, tolerances per dtype) is "
-        "FAIL and is not timed.",
-        "",
+        READING_NOTES.format(repeat=repeat),
     ]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(parts))

@@ -5,7 +5,7 @@
 
 For each case, in one process: check kiln's and Inductor's results against eager (a wrong
 result is FAIL and is not timed); measure each compiler's cold compile (its first call minus
-one eager run, with fresh empty caches); time the three variants interleaved, after warm-up,
+one run of what it compiled, with fresh empty caches); time the three variants interleaved, after warm-up,
 and keep the median. Then a fresh subprocess compiles the case again with kiln on the same
 kiln cache ("warm start"): it should build nothing.
 """
@@ -16,7 +16,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile

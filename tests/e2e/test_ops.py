@@ -236,6 +236,29 @@ def test_bitwise(dtype):
           expect_native=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8])
+def test_shifts_by_large_and_negative_amounts(dtype):
+    """Shifting by the bit width or more gives 0 (left) or the sign (right), as in eager."""
+
+    def f(x, s):
+        return x << s, x >> s, x << 3, x >> 2
+
+    lo = 0 if dtype is torch.uint8 else -100
+    x = randint(lo, 100, 4, 20, dtype=dtype)
+    s = randint(0, 2 * torch.iinfo(dtype).bits, 4, 20, dtype=dtype, seed=1)
+    check(f, x, s, expect_native=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16])
+def test_small_integer_wraparound(dtype):
+    def f(x, y):
+        return x + y, x * y, x - y, x * 3 + 100, -x, x // 7, x % 5, x.abs(), torch.maximum(x, y)
+
+    lo = 0 if dtype is torch.uint8 else -100
+    check(f, randint(lo, 100, 5, 11, dtype=dtype), randint(lo, 100, 5, 11, dtype=dtype, seed=1) | 1,
+          expect_native=True)
+
+
 # ----------------------------------------------------------------------------- NaN / inf
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_nan_inf_propagation(dtype):

@@ -26,7 +26,7 @@ def test_index_select(dim):
 
     x = randn(6, 8, 10)
     idx = randint(0, x.shape[dim], 5, seed=1)
-    check(f, x, idx, expect_native=False)
+    check(f, x, idx, expect_native=True)
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])

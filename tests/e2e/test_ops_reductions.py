@@ -78,6 +78,22 @@ def test_var_std(dtype, correction, dim):
     check(f, randn(4, 6, 20, dtype=dtype) * 3 + 1, expect_native=True)
 
 
+def test_reduction_dtype_arguments():
+    def f(x, i):
+        return (x.sum(-1, dtype=torch.float64), i.sum(0, dtype=torch.float32), x.mean(0, dtype=torch.float64),
+                i.prod(1, dtype=torch.int32), x.to(torch.bfloat16).sum(-1, dtype=torch.float32),
+                i.sum(), i.float().mean())
+
+    check(f, randn(6, 10), randint(-3, 4, 6, 10), expect_native=True)
+
+
+def test_var_of_single_element_is_nan():
+    def f(x):
+        return torch.var(x, 1), torch.std(x, 1, correction=0), torch.var_mean(x, 1)
+
+    check(f, randn(5, 1), expect_native=True)
+
+
 def test_any_all_floats():
     def f(x):
         return (x > 0).any(-1), (x > 0).all(0), x.any(1), x.all(), torch.any(x > 2, dim=(0, 1))
@@ -127,7 +143,8 @@ def test_nan_inf_in_reductions(dtype):
 
 def test_inf_only_rows():
     def f(x):
-        return x.amax(-1), x.argmax(-1), x.argmin(-1), x.sum(-1), torch.softmax(x, -1)
+        return (x.amax(-1), x.argmax(-1), x.argmin(-1), x.sum(-1), torch.softmax(x, -1),
+                torch.logsumexp(x, -1), torch.log_softmax(x, -1))
 
     x = randn(4, 8)
     x[0] = float("-inf")

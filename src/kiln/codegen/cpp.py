@@ -85,7 +85,7 @@ _FLOAT_FN = {  # name -> C function for float; double drops the trailing f
 }
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<",
           "le": "<=", "gt": ">", "ge": ">=", "bitwise_and": "&", "bitwise_or": "|",
-          "bitwise_xor": "^", "lshift": "<<", "rshift": ">>"}
+          "bitwise_xor": "^"}
 
 
 def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
@@ -144,6 +144,8 @@ def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         return f"kiln_{fn}<{ctype(t)}>({a[0]}, {a[1]})"
     if fn == "where":
         return f"({a[0]} ? {a[1]} : {a[2]})"
+    if fn in ("lshift", "rshift") and not is_fp:
+        return f"kiln_{fn}<{ctype(t)}>({a[0]}, {a[1]})"
     if fn == "floordiv":
         return f"kiln_floordiv_fp<{ctype(t)}>({a[0]}, {a[1]})" if is_fp else f"kiln_floordiv({a[0]}, {a[1]})"
     if fn == "truncdiv":

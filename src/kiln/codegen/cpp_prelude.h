@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 // glibc's vector math library provides SIMD versions of these; declaring them lets the
 // compiler vectorize loops that call them without -ffast-math (which would break NaN/inf).
@@ -65,3 +66,13 @@ static inline int64_t kiln_pow(int64_t a, int64_t b) {
 template <typename T> static inline T kiln_sign(T a) { return (T)((a > 0) - (a < 0)); }  // sign(NaN) == 0 in eager
 template <typename T> static inline T kiln_sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
 static inline float kiln_sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
+// Shifts by the bit width or more (or by a negative amount) are defined as in eager, not UB.
+template <typename T> static inline T kiln_lshift(T a, T b) {
+  typedef typename std::make_unsigned<T>::type U;
+  return ((U)b >= sizeof(T) * 8) ? T(0) : (T)((U)a << (U)b);
+}
+template <typename T> static inline T kiln_rshift(T a, T b) {
+  typedef typename std::make_signed<T>::type S;
+  const int bits = sizeof(T) * 8;
+  return ((S)b < 0 || (int64_t)b >= bits) ? (T)(a >> (bits - 1)) : (T)(a >> b);
+}

@@ -14,6 +14,7 @@ from typing import Union
 import torch
 
 from kiln.ir.index import Expr, Sym
+from kiln.ir.tensor import dtype_name
 
 
 @dataclass(frozen=True)
@@ -140,13 +141,13 @@ def _stmt_str(s: Stmt) -> str:
         mask = f", mask={s.mask}" if s.mask else ""
         return f"{s.out} = load {s.buf}[{s.index}]{mask}"
     if isinstance(s, Const):
-        return f"{s.out} = const {s.value!r} : {s.dtype}"
+        return f"{s.out} = const {s.value!r} : {dtype_name(s.dtype)}"
     if isinstance(s, IndexValue):
         return f"{s.out} = index {s.index}"
     if isinstance(s, InBounds):
         return f"{s.out} = 0 <= {s.index} < {s.size}"
     if isinstance(s, Compute):
-        return f"{s.out} = {s.fn}({', '.join(s.args)}) : {s.dtype}"
+        return f"{s.out} = {s.fn}({', '.join(s.args)}) : {dtype_name(s.dtype)}"
     if isinstance(s, Reduce):
         at = f" at {s.index}" if s.index is not None else ""
         return f"{s.out} = reduce.{s.kind}({s.value}){at}"
@@ -155,12 +156,12 @@ def _stmt_str(s: Stmt) -> str:
 
 def kernel_str(k: Kernel) -> str:
     dims = lambda syms: ", ".join(f"{s.name} < {s.extent}" for s in syms)  # noqa: E731
-    params = ", ".join(f"{'out ' if p.is_output else ''}{p.name}: {p.dtype}" for p in k.params)
+    params = ", ".join(f"{'out ' if p.is_output else ''}{p.name}: {dtype_name(p.dtype)}" for p in k.params)
     lines = [f"kernel {k.name}({params})", f"  outer: {dims(k.outer) or '()'}"]
     if k.reduce:
         lines.append(f"  reduce: {dims(k.reduce)}")
     for sc in k.scratch:
-        lines.append(f"  scratch {sc.name}: {sc.dtype}[{k.reduce_numel}]")
+        lines.append(f"  scratch {sc.name}: {dtype_name(sc.dtype)}[{k.reduce_numel}]")
     for i, st in enumerate(k.stages):
         lines.append(f"  stage {i} ({'loop' if st.loop else 'row'}):")
         lines.extend(f"    {_stmt_str(s)}" for s in st.body)

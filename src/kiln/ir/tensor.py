@@ -91,7 +91,7 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return {
         torch.float32: "f32",
         torch.float64: "f64",
@@ -107,7 +107,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def type_str(node: Node) -> str:
-    return f"{_dtype_name(node.dtype)}[{', '.join(map(str, node.shape))}]"
+    return f"{dtype_name(node.dtype)}[{', '.join(map(str, node.shape))}]"
 
 
 def _attr_str(node: Node) -> str:

@@ -115,3 +115,11 @@ def _owns_contiguous_storage(val: torch.Tensor) -> bool:
     if not val.is_contiguous() or val.storage_offset() != 0:
         return False
     return val.untyped_storage().nbytes() == val.numel() * val.element_size()
+
+
+@lowering(aten.flip.default)
+def _flip(ctx: LowerCtx, x, dims):
+    flipped = {d % max(len(x.shape), 1) for d in dims}
+    syms = [ix.as_expr(s) for s in dim_syms(x.shape)]
+    index_map = [s * -1 + (n - 1) if d in flipped else s for d, (s, n) in enumerate(zip(syms, x.shape))]
+    return core.view(ctx.b, x, index_map, x.shape)

@@ -256,8 +256,19 @@ class KernelEmitter:
         if final.body:
             self.stages.append(k.Stage(True, tuple(final.body)))
         params = tuple(sorted(self.params.values(), key=lambda p: (p.is_output, p.name)))
-        return k.Kernel(self.name, self.outer, self.reduce, params, tuple(self.stages),
-                        tuple(self.scratch.values()))
+        stages, scratch = _drop_unread_scratch(tuple(self.stages), tuple(self.scratch.values()))
+        return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch)
+
+
+def _drop_unread_scratch(stages: tuple[k.Stage, ...], scratch: tuple[k.Scratch, ...]):
+    """Row arrays no later stage reads are not worth their stores."""
+    read = {s.buf for st in stages for s in st.body if isinstance(s, k.Load)}
+    unread = {sc.name for sc in scratch} - read
+    if not unread:
+        return stages, scratch
+    stages = tuple(k.Stage(st.loop, tuple(s for s in st.body if not (isinstance(s, k.Store) and s.buf in unread)))
+                   for st in stages)
+    return stages, tuple(sc for sc in scratch if sc.name not in unread)
 
 
 def _reductions_below(root: Node, stored) -> list[Node]:
