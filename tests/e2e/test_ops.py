@@ -314,6 +314,26 @@ def test_broadcast_3d_and_expanded_input():
     check(f, a, b, expect_native=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_large_tensors_take_the_parallel_path(dtype):
+    def f(x, y):
+        return x * y + 3, torch.maximum(x, y), x // 3 if not dtype.is_floating_point else torch.exp(x), x.t() - y
+
+    x = randn(301, 301, dtype=dtype) * 10 if dtype.is_floating_point else randint(-99, 99, 301, 301)
+    y = randn(301, 301, dtype=dtype, seed=1) if dtype.is_floating_point else randint(-99, 99, 301, 301, seed=1)
+    check(f, x, y, expect_native=True)
+
+
+def test_mixed_promotion_in_where_and_masked_fill():
+    def f(c, i, x, s):
+        return (torch.where(c, i, 0.5), torch.where(c, i, x), x.masked_fill(c, s), i.masked_fill(c, -1),
+                i // -3, i // 2.5, i % 2.5, torch.where(c, x, s))
+
+    c = randint(0, 2, 5, 8).bool()
+    check(f, c, randint(-20, 20, 5, 8, seed=1), randn(5, 8, dtype=torch.bfloat16), torch.tensor(0.3),
+          expect_native=True)
+
+
 def test_empty_tensors():
     def f(x, y):
         return x + 1, x * y, torch.exp(x), x > 0

@@ -111,6 +111,17 @@ def test_reductions_on_strided_inputs(layout):
     check(f, with_layout(randn(12, 20), layout), expect_native=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_rows_take_the_parallel_path(dtype):
+    def f(x):
+        return (x.sum(-1), x.amax(-1), x.argmax(-1), x.argmin(0), torch.softmax(x, -1), x.var(-1),
+                x.sum(0), x.mean(), x.prod(-1).isnan(), (x > 0).any(0))
+
+    x = with_specials(randn(96, 1031, dtype=dtype))  # rows of NaN/inf too, with a SIMD tail
+    x[5] = randn(1031, dtype=dtype, seed=4)
+    check(f, x, expect_native=True)
+
+
 def test_reduction_of_broadcast_expression():
     def f(a, b):
         return (a * b).sum(-1), (a + b).amax(0), (a - b).mean((0, 1))

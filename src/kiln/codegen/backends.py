@@ -32,7 +32,7 @@ def _cpp() -> Backend:
         results = cpp_build.build_all([(src, k.name, len(k.params)) for k, src in zip(kernels, sources)])
         return [r.fn for r in results], sum(r.cached for r in results)
 
-    return Backend("cpp", "C++", cpp.render_source, build, True, ROW_SCRATCH_LIMIT)
+    return Backend("cpp", "C++", cpp.render_kernel, build, True, ROW_SCRATCH_LIMIT)
 
 
 def _triton() -> Backend:

@@ -7,15 +7,12 @@ innermost dimension is a SIMD loop with the accumulators as OpenMP reductions.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from kiln.ir import kernel as k
 from kiln.ir.index import Expr, FloorDiv, Mod, Sym
 from kiln.ir.kernel import compute_dtype
 
-PRELUDE = (Path(__file__).with_name("cpp_prelude.h")).read_text()
 
 # Below this many points per kernel, threads cost more than they save.
 PARALLEL_MIN_WORK = 1 << 15
@@ -366,9 +363,5 @@ class _Renderer:
 
 
 def render_kernel(kernel: k.Kernel) -> str:
-    """The kernel as a C++ function (without the prelude)."""
+    """The kernel as a C++ function; the build puts the prelude (cpp_prelude.h) before it."""
     return _Renderer(kernel).render()
-
-
-def render_source(kernel: k.Kernel) -> str:
-    return PRELUDE + "\n" + render_kernel(kernel) + "\n"

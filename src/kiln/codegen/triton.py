@@ -73,7 +73,7 @@ _INFIX = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<",
           "gt": ">", "ge": ">=", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
           "lshift": "<<", "rshift": ">>"}
 _TL_UNARY = {"exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2", "sin": "tl.sin",
-             "cos": "tl.cos", "sqrt": "tl.sqrt_rn", "erf": "tl.erf", "floor": "tl.floor",
+             "cos": "tl.cos", "erf": "tl.erf", "floor": "tl.floor",
              "ceil": "tl.ceil", "sigmoid": "tl.sigmoid", "abs": "tl.abs"}
 _KM_UNARY = {"tanh", "log1p", "expm1", "erfc", "tan", "sinh", "cosh", "asinh", "acosh", "atanh",
              "asin", "acos", "atan", "log10"}
@@ -97,8 +97,15 @@ def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         if t is torch.bool and fn in ("add", "mul"):
             return f"({a[0]} {'|' if fn == 'add' else '&'} {a[1]})"
         return f"({a[0]} {_INFIX[fn]} {a[1]})"
+    # float32 division and square root rounded as IEEE (Triton's defaults are approximate);
+    # float64 ones are exact already
+    f32 = t is torch.float32
+    div = (lambda x, y: f"tl.math.div_rn({x}, {y})") if f32 else (lambda x, y: f"({x} / {y})")  # noqa: E731
+    sqrt = "tl.sqrt_rn" if f32 else "tl.sqrt"
     if fn == "div":
-        return f"tl.math.div_rn({a[0]}, {a[1]})"
+        return div(a[0], a[1])
+    if fn == "sqrt" and fp:
+        return f"{sqrt}({a[0]})"
     if fn in _TL_UNARY and (fp or fn == "abs"):
         return f"{_TL_UNARY[fn]}({a[0]})"
     if fn in _KM_UNARY and fp:
@@ -112,9 +119,9 @@ def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
     if fn == "neg":
         return f"(-{a[0]})"
     if fn == "rsqrt":
-        return f"tl.math.div_rn(1.0, tl.sqrt_rn({a[0]}))"
+        return div("1.0", f"{sqrt}({a[0]})")
     if fn == "reciprocal":
-        return f"tl.math.div_rn(1.0, {a[0]})"
+        return div("1.0", a[0])
     if fn == "sign":
         if t is torch.bool:
             return a[0]
@@ -144,7 +151,7 @@ def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
     if fn == "floordiv":
         return f"km.floordiv_fp({a[0]}, {a[1]})" if fp else f"km.floordiv_int({a[0]}, {a[1]})"
     if fn == "truncdiv":
-        return f"km.trunc(tl.math.div_rn({a[0]}, {a[1]}))" if fp else f"({a[0]} // {a[1]})"
+        return f"km.trunc({div(a[0], a[1])})" if fp else f"({a[0]} // {a[1]})"
     if fn == "remainder":
         return f"km.remainder_fp({a[0]}, {a[1]})" if fp else f"km.remainder_int({a[0]}, {a[1]})"
     if fn == "fmod":

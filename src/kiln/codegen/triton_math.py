@@ -195,10 +195,10 @@ def remainder_fp(a, b):
 @triton.jit
 def floordiv_fp(a, b):
     mod = a % b
-    div = tl.math.div_rn(a - mod, b)
+    div = (a - mod) / b
     div = tl.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1.0, div)
     fl = tl.floor(div)
     fl = tl.where(div - fl > 0.5, fl + 1.0, fl)
-    quotient = tl.math.div_rn(a, b)
+    quotient = a / b
     fl = tl.where(div == 0, copysign(tl.zeros_like(div), quotient), fl)
     return tl.where(b == 0, quotient, fl)
