@@ -157,6 +157,18 @@ def _first_line(cmd: list[str]) -> str:
         return "?"
 
 
+def kiln_version() -> str:
+    """kiln's version and, when it runs from a git checkout, the commit (kiln changes often)."""
+    import kiln
+
+    src = Path(kiln.__file__).resolve().parent
+    commit = _first_line(["git", "-C", str(src), "rev-parse", "--short", "HEAD"])
+    if commit == "?":
+        return f"kiln {kiln.__version__} from {src}"
+    dirty = _first_line(["git", "-C", str(src), "status", "--porcelain", "--", "."]) != "?"
+    return f"kiln {kiln.__version__} at commit {commit}" + (" with uncommitted changes" if dirty else "")
+
+
 def machine_lines() -> list[str]:
     cpu = platform.processor() or "?"
     try:
@@ -183,6 +195,7 @@ def machine_lines() -> list[str]:
         f"- torch {torch.__version__}, triton {triton_version}, transformers {transformers_version}, "
         f"Python {platform.python_version()}",
         f"- C++ compiler: {_first_line(['g++', '--version'])}",
+        f"- {kiln_version()}",
     ]
 
 

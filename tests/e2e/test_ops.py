@@ -92,6 +92,21 @@ def test_bf16_scalar_operands_exact():
     check(f, x, y, torch.tensor(0.7, dtype=torch.float64), tol=dict(rtol=0, atol=0), expect_native=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_chains_round_like_eager(dtype):
+    """Each op's result is rounded to the dtype, so comparisons, floors and int casts agree."""
+
+    def f(x, y):
+        return (torch.floor(x * y), x + y == x, x * 1.01 > x, (x * y * 10).to(torch.int64), (x * y) // 0.5,
+                torch.add(x, y, alpha=0.3), torch.sub(x, y, alpha=3), (x - y).round(), (x * y).isinf())
+
+    x = randn(64, 64, dtype=dtype) * 4
+    x[0, :4] = torch.tensor([60000.0, -60000.0, 300.0, 3.0e4]).to(dtype)
+    y = randn(64, 64, dtype=dtype, seed=1)
+    y[0, :4] = 2.0
+    check(f, x, y, tol=dict(rtol=0, atol=0), expect_native=True)
+
+
 def test_logical_ops():
     def f(a, b, x):
         return (a & b, a | b, a ^ b, ~a, torch.logical_and(a, x), torch.logical_or(x, b),

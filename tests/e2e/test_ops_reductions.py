@@ -143,6 +143,13 @@ def test_reductions_over_empty_dimension():
     check(f, randn(4, 0))
 
 
+def test_softmax_of_empty_tensor():
+    def f(x):
+        return torch.softmax(x, -1), x.sum(-1, keepdim=True), x.reshape(5, 0, 2)
+
+    check(f, randn(0, 10), expect_native=True)
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_nan_inf_in_reductions(dtype):
     def f(x):

@@ -20,6 +20,7 @@ class Backend:
     build: Callable[[list[Kernel], list[str]], tuple[list[Callable], int]]
     pass_pointers: bool  # launchers take raw addresses (C++) or tensors (Triton)
     row_scratch_limit: int  # longest row whose reused values a kernel may keep locally
+    keep_loaded_rows: bool  # whether re-reading a row from memory costs more than keeping it
     unsupported_fns: frozenset = frozenset()  # element-wise functions left to ATen
 
 
@@ -32,7 +33,8 @@ def _cpp() -> Backend:
         results = cpp_build.build_all([(src, k.name, len(k.params)) for k, src in zip(kernels, sources)])
         return [r.fn for r in results], sum(r.cached for r in results)
 
-    return Backend("cpp", "C++", cpp.render_kernel, build, True, ROW_SCRATCH_LIMIT)
+    # on a CPU a re-read row comes from L1: keeping a plain load would only add a store
+    return Backend("cpp", "C++", cpp.render_kernel, build, True, ROW_SCRATCH_LIMIT, False)
 
 
 def _triton() -> Backend:
@@ -45,7 +47,8 @@ def _triton() -> Backend:
         return [r.fn for r in results], sum(r.cached for r in results)
 
     unsupported = triton_math.INTERPRETER_UNSUPPORTED if triton_math.INTERPRETED else frozenset()
-    return Backend("triton", "Triton", tr.render_source, build, False, tr.PERSISTENT_MAX, unsupported)
+    # a persistent row lives in registers: keeping it is free, re-reading it is not
+    return Backend("triton", "Triton", tr.render_source, build, False, tr.PERSISTENT_MAX, True, unsupported)
 
 
 _FACTORIES = {"cpp": _cpp, "triton": _triton}

@@ -79,7 +79,23 @@ _KM_UNARY = {"tanh", "log1p", "expm1", "erfc", "tan", "sinh", "cosh", "asinh", "
              "asin", "acos", "atan", "log10"}
 
 
+# bf16/f16 results are rounded to their dtype after each op, as eager rounds them (the
+# kernel IR's rule); these ops are exact on values of the type already.
+_EXACT_IN_TYPE = frozenset("neg abs maximum minimum where sign cast floor ceil round trunc".split())
+
+
+def _round_to(expr: str, dtype: torch.dtype) -> str:
+    if dtype in (torch.bfloat16, torch.float16):
+        return f"{expr}.to({TL_TYPE[dtype]}).to(tl.float32)"
+    return expr
+
+
 def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
+    expr = _render_compute(s, arg_types)
+    return expr if s.fn in _EXACT_IN_TYPE else _round_to(expr, s.dtype)
+
+
+def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
     a = s.args
     t = compute_dtype(arg_types[-1] if s.fn == "where" else arg_types[0])
     fp = t.is_floating_point
@@ -151,7 +167,11 @@ def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
     if fn == "floordiv":
         return f"km.floordiv_fp({a[0]}, {a[1]})" if fp else f"km.floordiv_int({a[0]}, {a[1]})"
     if fn == "truncdiv":
-        return f"km.trunc({div(a[0], a[1])})" if fp else f"({a[0]} // {a[1]})"
+        if not fp:
+            return f"({a[0]} // {a[1]})"
+        low = [d for d in arg_types if d in (torch.bfloat16, torch.float16)]
+        quotient = _round_to(div(a[0], a[1]), low[0]) if len(low) == len(arg_types) else div(a[0], a[1])
+        return f"km.trunc({quotient})"
     if fn == "remainder":
         return f"km.remainder_fp({a[0]}, {a[1]})" if fp else f"km.remainder_int({a[0]}, {a[1]})"
     if fn == "fmod":
@@ -325,6 +345,17 @@ class _Renderer:
             else:
                 self.emit(depth, f"{r.out} = {self._tile_reduce(r.kind, r.out + '_acc', t)}")
 
+    def _empty_row_stage(self, stage: k.Stage) -> None:
+        """Rows of no elements: each reduction is its identity (no load may run: an empty
+        tensor may have no memory at all)."""
+        for s in stage.body:
+            if isinstance(s, k.Reduce):
+                t = compute_dtype(s.dtype)
+                arg = s.kind in ("argmax", "argmin")
+                self.types[s.out] = torch.int64 if arg else t
+                value = "0" if arg else _identity(s.kind, t)
+                self.emit(1, f"{s.out} = tl.full([XBLOCK, 1], {value}, {'tl.int64' if arg else tl_type(t)})")
+
     # -------------------------------------------------------------- kernel
     def _decompose(self, depth: int, flat: str, syms) -> None:
         stride = 1
@@ -357,7 +388,9 @@ class _Renderer:
             self.emit(1, f"rmask = rindex < {kern.reduce_numel}")
             self._decompose(1, "rindex", kern.reduce)
         for stage in kern.stages:
-            if stage.loop and kern.reduce and not self.persistent:
+            if stage.loop and kern.reduce and kern.reduce_numel == 0:
+                self._empty_row_stage(stage)
+            elif stage.loop and kern.reduce and not self.persistent:
                 reductions = [s for s in stage.body if isinstance(s, k.Reduce)]
                 self._loop_init(reductions, 1)
                 self.emit(1, f"for roffset in range(0, {kern.reduce_numel}, RBLOCK):")

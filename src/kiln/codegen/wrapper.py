@@ -90,7 +90,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             kern = kernels[id(step)]
             for root in step.roots:
                 alloc(root)
-            if kern.outer_numel * max(kern.reduce_numel, 1) > 0 or kern.reduce:
+            if kern.outer_numel > 0:  # an empty output needs no kernel
                 g[kern.name] = None  # filled in with the compiled function
                 ptrs = ", ".join(f"{p.name}.data_ptr()" if pass_pointers else p.name for p in kern.params)
                 lines.append(f"    {kern.name}({ptrs})")

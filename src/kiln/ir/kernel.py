@@ -55,7 +55,9 @@ class Compute:
     out: str
     fn: str
     args: tuple[str, ...]
-    dtype: torch.dtype  # the result's storage dtype; bf16/f16 are computed in float32
+    # the result's dtype. bf16/f16 values are held in float32 and rounded to their dtype
+    # after each op that is not exact on them, as eager rounds them.
+    dtype: torch.dtype
 
 
 @dataclass(frozen=True)

@@ -68,18 +68,26 @@ def _isinf(ctx: LowerCtx, x):
 @lowering(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
 def _add_sub(ctx: LowerCtx, a, b, alpha=1):
     fn = "add" if ctx.target in (aten.add.Tensor, aten.add.Scalar) else "sub"
-    if alpha != 1:
-        b = pointwise(ctx.b, "mul", b, alpha)
     if fn == "sub" and a is not None and getattr(a, "dtype", None) is torch.bool:
         raise Unsupported("subtraction of bool tensors")
-    return pointwise(ctx.b, fn, a, b, out_dtype=ctx.out_dtype)
+    return _plus_scaled(ctx, fn, a, b, alpha)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar)
 def _rsub(ctx: LowerCtx, a, b, alpha=1):
-    if alpha != 1:
-        a = pointwise(ctx.b, "mul", a, alpha)
-    return pointwise(ctx.b, "sub", b, a, out_dtype=ctx.out_dtype)
+    return _plus_scaled(ctx, "sub", b, a, alpha)
+
+
+def _plus_scaled(ctx: LowerCtx, fn: str, a, b, alpha):
+    """a + alpha * b (or a - alpha * b). For a low-precision result eager rounds the scalars
+    to its dtype, computes in float32 and rounds once (not alpha * b on its own)."""
+    if alpha == 1:
+        return pointwise(ctx.b, fn, a, b, out_dtype=ctx.out_dtype)
+    low = ctx.out_dtype
+    if low in (torch.bfloat16, torch.float16):
+        a, b, alpha = (cast(ctx.b, v, torch.float32) if hasattr(v, "op") else torch.tensor(v, dtype=low).item()
+                       for v in (a, b, alpha))
+    return pointwise(ctx.b, fn, a, pointwise(ctx.b, "mul", b, alpha), out_dtype=ctx.out_dtype)
 
 
 @lowering(aten.div.Tensor, aten.div.Scalar)

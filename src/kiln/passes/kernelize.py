@@ -30,7 +30,7 @@ ROW_SCRATCH_LIMIT = 16384  # the C++ backend's; others state their own
 
 class KernelEmitter:
     def __init__(self, name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts,
-                 row_scratch_limit: int = 0):
+                 row_scratch_limit: int = 0, keep_loaded_rows: bool = False):
         self.name = name
         self.plan = plan
         self.buffer_names = buffer_names
@@ -47,6 +47,7 @@ class KernelEmitter:
         for sym in self.reduce:
             reduce_numel *= sym.extent
         self.use_scratch = bool(self.reduce) and reduce_numel <= row_scratch_limit
+        self.keep_loaded_rows = keep_loaded_rows
 
     # ------------------------------------------------------------------ helpers
     def _tmp(self) -> str:
@@ -226,7 +227,9 @@ class KernelEmitter:
         """Anything beyond a plain load of a stored tensor costs more to recompute than to keep."""
         while node.op is Op.VIEW and not node.attrs[1] and node not in self.buffer_names:
             node = node.inputs[0]
-        return node not in self.buffer_names and node.op not in (Op.CONSTANT, Op.IOTA)
+        if node.op in (Op.CONSTANT, Op.IOTA):
+            return False
+        return self.keep_loaded_rows or node not in self.buffer_names
 
     # ------------------------------------------------------------------ kernel
     def build(self) -> k.Kernel:
@@ -286,5 +289,5 @@ def _reductions_below(root: Node, stored) -> list[Node]:
 
 
 def emit_kernel(name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts,
-                row_scratch_limit: int = 0) -> k.Kernel:
-    return KernelEmitter(name, plan, buffer_names, layouts, row_scratch_limit).build()
+                row_scratch_limit: int = 0, keep_loaded_rows: bool = False) -> k.Kernel:
+    return KernelEmitter(name, plan, buffer_names, layouts, row_scratch_limit, keep_loaded_rows).build()

@@ -134,7 +134,7 @@ def _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend: Bac
             for step in sched.steps:
                 if isinstance(step, KernelPlan):
                     kernels[id(step)] = emit_kernel(f"kernel{len(kernels)}", step, names, layouts,
-                                                    backend.row_scratch_limit)
+                                                    backend.row_scratch_limit, backend.keep_loaded_rows)
             return sched, kernels
         except FusionMismatch as e:
             stored = dict(sched.stored)

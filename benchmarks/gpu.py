@@ -1,0 +1,220 @@
+"""kiln vs eager vs Inductor on an NVIDIA GPU, in one process.
+
+    PYTHONPATH=src python -m benchmarks.gpu [--cases chain,rmsnorm] [--out FILE.md]
+
+Each case is checked against eager first (a wrong result is FAIL, never timed). Times are
+medians of CUDA-event timings (triton.testing.do_bench). Memory-bound cases report achieved
+bandwidth against the copy bandwidth measured in the same run; matmul-bound ones, TFLOP/s
+against the bf16 matmul rate measured in the same run. Cold compile = first call minus one
+timed run, with empty kiln, Inductor and Triton caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import sys
+import tempfile
+import time
+
+for var, prefix in (("KILN_CACHE_DIR", "kiln"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+    os.environ[var] = tempfile.mkdtemp(prefix=f"gpu-bench-{prefix}-")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+
+
+def chain(x, y):
+    z = x * y + 1
+    z = torch.where(z > 0, torch.exp(-z.abs()), torch.tanh(z))
+    return torch.sigmoid(z) * x - y * 0.5
+
+
+def rmsnorm(x, w):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+
+def layernorm_gelu(x, w, b):
+    return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b))
+
+
+def softmax(x):
+    return torch.softmax(x, -1)
+
+
+def ffn(x, w_norm, w_gate, w_up, w_down):
+    h = rmsnorm(x, w_norm)
+    return x + (F.silu(h @ w_gate) * (h @ w_up)) @ w_down
+
+
+def attention(q, k, v):
+    t = q.shape[-2]
+    scores = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    mask = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
+
+
+class TinyMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.norm = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64), torch.nn.LayerNorm(64)
+
+    def forward(self, x):
+        return self.norm(x + self.fc2(F.gelu(self.fc1(x))))
+
+
+def r(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device=DEV, dtype=dtype)
+
+
+def nbytes(*ts):
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def cases():
+    """(name, fn, args, bytes that must move or None, flops or None, tolerance)."""
+    x, y = r(64 << 20), r(64 << 20)
+    yield "chain 64M f32", chain, (x, y), nbytes(x, y, x), None, 1e-4
+    x, w = r(16384, 4096, dtype=BF16), r(4096, dtype=BF16)
+    yield "rmsnorm 16384x4096 bf16", rmsnorm, (x, w), nbytes(x, x, w), None, 2e-2
+    b = r(4096, dtype=BF16)
+    yield "layernorm+gelu 16384x4096 bf16", layernorm_gelu, (x, w, b), nbytes(x, x, w, b), None, 2e-2
+    x = r(65536, 1024, dtype=BF16)
+    yield "softmax 65536x1024 bf16", softmax, (x,), nbytes(x, x), None, 2e-2
+    x = r(8192, 4096, dtype=BF16)
+    wn, wg, wu, wd = (r(4096, dtype=BF16), r(4096, 11008, dtype=BF16) * 0.02, r(4096, 11008, dtype=BF16) * 0.02,
+                      r(11008, 4096, dtype=BF16) * 0.02)
+    yield "rmsnorm+swiglu ffn 8192x4096 h11008 bf16", ffn, (x, wn, wg, wu, wd), None, 2 * 8192 * 4096 * 11008 * 3, 5e-2
+    q, k, v = (r(8, 16, 1024, 64, dtype=BF16) for _ in range(3))
+    yield "causal attention 8x16x1024x64 bf16", attention, (q, k, v), None, 4 * 8 * 16 * 1024 * 1024 * 64, 3e-2
+    mlp = TinyMLP().to(DEV)
+    yield "tiny mlp 32x64 f32 (launch-bound)", mlp, (r(32, 64),), None, None, 1e-4
+    x, w = r(5000, 3000, dtype=BF16), r(3000, dtype=BF16)
+    yield "rmsnorm 5000x3000 bf16 (odd)", rmsnorm, (x, w), nbytes(x, x, w), None, 2e-2
+    x = r(50000, 1000, dtype=BF16)
+    yield "softmax 50000x1000 bf16 (odd)", softmax, (x,), nbytes(x, x), None, 2e-2
+    x, y = r(10_000_019), r(10_000_019)
+    yield "chain 10000019 f32 (odd)", chain, (x, y), nbytes(x, y, x), None, 1e-4
+
+
+def bench(fn, args) -> float:
+    from triton.testing import do_bench
+
+    with torch.no_grad():
+        return do_bench(lambda: fn(*args), warmup=25, rep=200, return_mode="median") * 1e-3
+
+
+def copy_bandwidth() -> float:
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
+    b = torch.empty_like(a)
+    return 2 * a.numel() / bench(lambda: b.copy_(a), ())
+
+
+def matmul_rate() -> float:
+    a, b = r(8192, 8192, dtype=BF16), r(8192, 8192, dtype=BF16)
+    return 2 * 8192**3 / bench(torch.mm, (a, b))
+
+
+def first_call(fn, args) -> tuple[float, object]:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = fn(*args)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
+
+
+def check(out, ref, tol) -> str | None:
+    try:
+        torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+        return None
+    except AssertionError as e:
+        return str(e).splitlines()[0] if str(e) else "mismatch"
+
+
+def main() -> int:
+    import kiln
+    from kiln.frontend.backend import REPORTS
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default="")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+    bw, mm = copy_bandwidth(), matmul_rate()
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s", flush=True)
+    torch.compile(lambda t: t + 1, backend="aot_eager")(torch.ones(2, device=DEV))  # Dynamo's one-time start
+    rows = []
+    for name, fn, fargs, moved, flops, tol in cases():
+        if wanted and not any(w in name for w in wanted):
+            continue
+        with torch.no_grad():
+            ref = fn(*fargs)
+        t_eager = bench(fn, fargs)
+        row = {"case": name, "eager": t_eager}
+        for compiler in ("inductor", "kiln"):
+            torch._dynamo.reset()
+            before = len(REPORTS)
+            compiled = kiln.compile(fn) if compiler == "kiln" else torch.compile(fn)
+            seconds, out = first_call(compiled, fargs)
+            problem = check(out, ref, tol)
+            if problem:
+                row[compiler] = float("nan")
+                row[f"{compiler}_fail"] = problem
+                continue
+            row[compiler] = bench(compiled, fargs)
+            row[f"{compiler}_compile"] = seconds - row[compiler]
+            if compiler == "kiln":
+                row["kernels"] = sum(rep.num_kernels for rep in REPORTS[before:])
+        if moved:
+            row["metric"] = f"{moved / row['kiln'] / 1e12:.2f} TB/s ({100 * moved / row['kiln'] / bw:.0f}%)"
+            row["ind_metric"] = f"{100 * moved / row['inductor'] / bw:.0f}%"
+        elif flops:
+            row["metric"] = f"{flops / row['kiln'] / 1e12:.0f} TFLOP/s ({100 * flops / row['kiln'] / mm:.0f}%)"
+            row["ind_metric"] = f"{100 * flops / row['inductor'] / mm:.0f}%"
+        rows.append(row)
+        print(_line(row), flush=True)
+    table = _table(rows, bw, mm)
+    print("\n" + table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+    return 0
+
+
+def _line(row) -> str:
+    fails = {k: v for k, v in row.items() if k.endswith("_fail")}
+    return f"{row['case']}: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in row.items()
+                                           if k in ("eager", "inductor", "kiln")) + (f" FAIL {fails}" if fails else "")
+
+
+def _table(rows, bw, mm) -> str:
+    import triton
+
+    lines = [
+        f"{datetime.date.today()} · {torch.cuda.get_device_name()} · torch {torch.__version__} · "
+        f"triton {triton.__version__} · python {sys.version.split()[0]} · measured copy {bw / 1e12:.2f} TB/s, "
+        f"bf16 matmul {mm / 1e12:.0f} TFLOP/s",
+        "",
+        "| case | eager ms | Inductor ms | kiln ms | kiln vs eager | kiln vs Inductor | kiln achieved | Inductor achieved | cold compile kiln / Inductor s | kiln kernels |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        k, i, e = row.get("kiln", math.nan), row.get("inductor", math.nan), row["eager"]
+        fails = " ".join(f"{c} FAIL: {row[c + '_fail']}" for c in ("kiln", "inductor") if c + "_fail" in row)
+        lines.append(
+            f"| {row['case']} | {e * 1e3:.3f} | {i * 1e3:.3f} | {k * 1e3:.3f} | {e / k:.2f}x | {i / k:.2f}x | "
+            f"{row.get('metric', '-')} | {row.get('ind_metric', '-')} | "
+            f"{row.get('kiln_compile', math.nan):.1f} / {row.get('inductor_compile', math.nan):.1f} | "
+            f"{row.get('kernels', '-')} {fails}|")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

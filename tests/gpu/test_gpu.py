@@ -1,0 +1,59 @@
+"""Compiled vs eager on an NVIDIA GPU (Triton kernels). Run on a GPU machine:
+    PYTHONPATH=src python -m pytest -q tests/gpu -m gpu
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import check
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CUDA = "cuda"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_elementwise_and_reductions(dtype):
+    def f(x, y):
+        return (torch.relu(x * y + 1).sum(-1), torch.softmax(x, -1), x.amax(0), x.argmax(-1),
+                torch.tanh(x)[::2] * y[1::2], torch.erf(x) / (1 + y.abs()))
+
+    x, y = torch.randn(96, 130, device=CUDA, dtype=dtype), torch.randn(96, 130, device=CUDA, dtype=dtype)
+    check(f, x, y, expect_native=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norms_long_rows(dtype):
+    def f(x, w, b):
+        xf = x.float()
+        rms = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+        return rms, F.gelu(F.layer_norm(x, (x.shape[-1],), w, b))
+
+    n = 6000  # longer than a persistent row: looped reductions
+    x = torch.randn(33, n, device=CUDA, dtype=dtype)
+    w, b = torch.randn(n, device=CUDA, dtype=dtype), torch.randn(n, device=CUDA, dtype=dtype)
+    check(f, x, w, b, expect_native=True)
+
+
+def test_masked_softmax_with_inf_rows_and_indexing():
+    def f(s, m, table, idx):
+        p = s.masked_fill(m, float("-inf")).softmax(-1)
+        return p, table[idx] * 2, torch.cat([table[:3], table[-2:]], 0)
+
+    s = torch.randn(4, 8, 64, 64, device=CUDA)
+    m = torch.ones(64, 64, dtype=torch.bool, device=CUDA).triu(1)
+    m[5] = True  # an all -inf row gives NaN, as in eager
+    table = torch.randn(50, 16, device=CUDA)
+    idx = torch.randint(-50, 50, (7, 3), device=CUDA)
+    check(f, s, m, table, idx)
+
+
+def test_transformer_block_matches_eager():
+    from kiln.tools.demo import Block
+
+    torch.manual_seed(0)
+    model = Block().to(CUDA).eval()
+    x = torch.randn(4, 128, 256, device=CUDA)
+    with torch.no_grad():
+        check(model, x, tol=dict(rtol=1e-3, atol=1e-3))
