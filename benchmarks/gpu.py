@@ -95,6 +95,7 @@ def cases():
     yield "causal attention 8x16x1024x64 bf16", attention, (q, k, v), None, 4 * 8 * 16 * 1024 * 1024 * 64, 3e-2
     mlp = TinyMLP().to(DEV)
     yield "tiny mlp 32x64 f32 (launch-bound)", mlp, (r(32, 64),), None, None, 1e-4
+    yield "tiny mlp 32x64 f32, reduce-overhead (CUDA graphs)", mlp, (r(32, 64),), None, None, 1e-4
     x, w = r(5000, 3000, dtype=BF16), r(3000, dtype=BF16)
     yield "rmsnorm 5000x3000 bf16 (odd)", rmsnorm, (x, w), nbytes(x, x, w), None, 2e-2
     x = r(50000, 1000, dtype=BF16)
@@ -161,7 +162,8 @@ def main() -> int:
         for compiler in ("inductor", "kiln"):
             torch._dynamo.reset()
             before = len(REPORTS)
-            compiled = kiln.compile(fn) if compiler == "kiln" else torch.compile(fn)
+            mode = "reduce-overhead" if "reduce-overhead" in name else "default"
+            compiled = kiln.compile(fn, mode=mode) if compiler == "kiln" else torch.compile(fn, mode=mode)
             seconds, out = first_call(compiled, fargs)
             problem = check(out, ref, tol)
             if problem:
