@@ -220,21 +220,24 @@ def test_activations(dtype):
     check(f, x, expect_native=True)
 
 
-@pytest.mark.parametrize("dtype", FLOATS + [torch.int64])
+@pytest.mark.parametrize("dtype", FLOATS)
 def test_clamp(dtype):
     def f(x, lo, hi):
         return (torch.clamp(x, -0.5, 0.5), torch.clamp(x, min=0), torch.clamp(x, max=1),
                 torch.clamp(x, lo, hi), torch.clamp(x, min=lo), torch.clamp(x, max=hi),
                 torch.clamp_min(x, 0.25), torch.clamp_max(x, -0.25), torch.clamp(x, 1, -1))
 
-    if dtype.is_floating_point:
-        x, lo, hi = randn(6, 17, dtype=dtype), randn(6, 17, dtype=dtype, seed=1) - 1, randn(1, 17, dtype=dtype) + 1
-    else:
-        x, lo, hi = randint(-5, 5, 6, 17), randint(-4, 0, 6, 17), randint(0, 4, 1, 17)
+    lo = randn(6, 17, dtype=dtype, seed=1) - 1
+    hi = randn(1, 17, dtype=dtype, seed=2) + 1
+    check(f, randn(6, 17, dtype=dtype), lo, hi, expect_native=True)
 
-        def f(x, lo, hi):  # noqa: F811  (integer bounds)
-            return torch.clamp(x, -2, 3), torch.clamp(x, lo, hi), torch.clamp(x, min=lo), torch.clamp(x, max=1)
-    check(f, x, lo, hi, expect_native=True)
+
+def test_clamp_integers():
+    def f(x, lo, hi):
+        return (torch.clamp(x, -2, 3), torch.clamp(x, lo, hi), torch.clamp(x, min=lo), torch.clamp(x, max=1),
+                torch.clamp(x, min=0.5))
+
+    check(f, randint(-5, 5, 6, 17), randint(-4, 0, 6, 17), randint(0, 4, 1, 17), expect_native=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
@@ -332,10 +335,12 @@ def test_broadcast_3d_and_expanded_input():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
 def test_large_tensors_take_the_parallel_path(dtype):
     def f(x, y):
-        return x * y + 3, torch.maximum(x, y), x // 3 if not dtype.is_floating_point else torch.exp(x), x.t() - y
+        return x * y + 3, torch.maximum(x, y), x // 3, x.t() - y, torch.sigmoid(x)
 
-    x = randn(301, 301, dtype=dtype) * 10 if dtype.is_floating_point else randint(-99, 99, 301, 301)
-    y = randn(301, 301, dtype=dtype, seed=1) if dtype.is_floating_point else randint(-99, 99, 301, 301, seed=1)
+    if dtype.is_floating_point:
+        x, y = randn(301, 301, dtype=dtype) * 10, randn(301, 301, dtype=dtype, seed=1)
+    else:
+        x, y = randint(-99, 99, 301, 301), randint(-99, 99, 301, 301, seed=1)
     check(f, x, y, expect_native=True)
 
 

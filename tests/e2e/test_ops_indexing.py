@@ -83,7 +83,9 @@ def test_cat(dtype):
                 torch.cat([a.t(), c.t()], 0), torch.cat([a], 0) + 1)
 
     def rnd(*shape, seed):
-        return randn(*shape, seed=seed).to(dtype) if dtype.is_floating_point else randint(-9, 9, *shape, seed=seed)
+        if dtype.is_floating_point:
+            return randn(*shape, dtype=dtype, seed=seed)
+        return randint(-9, 9, *shape, seed=seed)
 
     check(f, rnd(3, 5, seed=0), rnd(2, 5, seed=1), rnd(3, 4, seed=2), expect_native=True)
 

@@ -20,8 +20,9 @@ def _dims_kw(dim):
 def test_sum_mean_prod_amax_amin(dtype, dim):
     def f(x):
         kw = _dims_kw(dim)
-        out = (x.sum(**kw), x.mean(**kw), x.amax(**kw), x.amin(**kw), x.sum(**kw, keepdim=True) if kw else x.sum(),
-               x.amax(**kw, keepdim=True) if kw else x.amax())
+        out = (x.sum(**kw), x.mean(**kw), x.amax(**kw), x.amin(**kw))
+        if kw:
+            out += (x.sum(**kw, keepdim=True), x.amax(**kw, keepdim=True), x.mean(**kw, keepdim=True))
         if not isinstance(dim, tuple):  # prod takes one dim
             out += (x.prod(**kw),)
         return out
@@ -70,10 +71,12 @@ def test_argmax_argmin_all_dims(dtype):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_var_std(dtype, correction, dim):
     def f(x):
-        kw = _dims_kw(dim)
-        var, mean = torch.var_mean(x, **kw, correction=correction)
-        return (torch.var(x, **kw, correction=correction), torch.std(x, **kw, correction=correction), var, mean,
-                torch.var(x, **kw, correction=correction, keepdim=True) if kw else var)
+        kw = dict(_dims_kw(dim), correction=correction)
+        var, mean = torch.var_mean(x, **kw)
+        out = (torch.var(x, **kw), torch.std(x, **kw), var, mean)
+        if dim is not None:
+            out += (torch.var(x, **kw, keepdim=True), torch.std(x, **kw, keepdim=True))
+        return out
 
     check(f, randn(4, 6, 20, dtype=dtype) * 3 + 1, expect_native=True)
 

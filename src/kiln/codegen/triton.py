@@ -85,8 +85,10 @@ _EXACT_IN_TYPE = frozenset("neg abs maximum minimum where sign cast floor ceil r
 
 
 def _round_to(expr: str, dtype: torch.dtype) -> str:
-    if dtype in (torch.bfloat16, torch.float16):
-        return f"{expr}.to({TL_TYPE[dtype]}).to(tl.float32)"
+    if dtype is torch.bfloat16:
+        return f"km.round_bf16({expr})"
+    if dtype is torch.float16:
+        return f"{expr}.to(tl.float16).to(tl.float32)"
     return expr
 
 
@@ -105,7 +107,8 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         if dst is torch.bool:
             return f"({a[0]} != 0)"
         if dst in (torch.bfloat16, torch.float16):
-            return f"{a[0]}.to({TL_TYPE[dst]}).to(tl.float32)"
+            # through float32, as eager converts (a float64 is rounded twice there too)
+            return _round_to(f"{a[0]}.to(tl.float32)", dst)
         if dst is torch.uint8 and fp:
             return f"{a[0]}.to(tl.int64).to(tl.uint8)"
         return f"{a[0]}.to({tl_type(dst)})"
@@ -246,7 +249,9 @@ class _Renderer:
                 return
             ptr, mask = self._address(s.buf, s.index, s.mask, in_loop, store=False)
             load = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
-            if s.dtype in (torch.bfloat16, torch.float16):
+            if s.dtype is torch.bfloat16:
+                load = f"km.from_bf16({load})"
+            elif s.dtype is torch.float16:
                 load += ".to(tl.float32)"
             self.emit(depth, f"{s.out} = {load}")
         elif isinstance(s, k.Const):
@@ -267,14 +272,21 @@ class _Renderer:
             if s.buf in self.scratch:
                 self.emit(depth, f"{s.buf} = {s.value}")
                 return
-            value = s.value
-            if s.dtype in (torch.bfloat16, torch.float16, torch.bool) or \
-                    compute_dtype(self.types[s.value]) != s.dtype:
-                value = f"{value}.to({TL_TYPE[s.dtype]})"
             ptr, mask = self._address(s.buf, s.index, None, in_loop, store=True)
-            self.emit(depth, f"tl.store({ptr}, {value}, mask={mask})")
+            self.emit(depth, f"tl.store({ptr}, {self._stored(s)}, mask={mask})")
         elif isinstance(s, k.Reduce):
             self.reduce(s, depth)
+
+    def _stored(self, s: k.Store) -> str:
+        """The value converted to the buffer's storage type."""
+        value, src = s.value, compute_dtype(self.types[s.value])
+        if s.dtype in (torch.bfloat16, torch.float16) and src is not torch.float32:
+            value = f"{value}.to(tl.float32)"
+        if s.dtype is torch.bfloat16:
+            return f"km.to_bf16({value})"
+        if s.dtype in (torch.float16, torch.bool) or src != s.dtype:
+            return f"{value}.to({TL_TYPE[s.dtype]})"
+        return value
 
     # -------------------------------------------------------------- reductions
     def reduce(self, s: k.Reduce, depth: int) -> None:

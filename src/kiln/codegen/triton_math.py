@@ -96,7 +96,39 @@ if not INTERPRETED:
     def copysign(x, y):
         return libdevice.copysign(x, y)
 
+    # bf16 conversions are single round-to-nearest-even instructions on the GPU
+    @triton.jit
+    def round_bf16(x):
+        return x.to(tl.bfloat16).to(tl.float32)
+
+    @triton.jit
+    def to_bf16(x):
+        return x.to(tl.bfloat16)
+
+    @triton.jit
+    def from_bf16(x):
+        return x.to(tl.float32)
+
 else:
+    # The interpreter truncates float32 -> bf16 and mangles bf16 subnormals, so bf16 is
+    # converted here through its bits: the upper half of a float32, rounded to nearest even.
+    @triton.jit
+    def _bf16_bits(x):
+        u = x.to(tl.uint32, bitcast=True)
+        u = (u + (0x7FFF + ((u >> 16) & 1))) & 0xFFFF0000
+        return tl.where(x != x, 0x7FC00000, u)
+
+    @triton.jit
+    def round_bf16(x):
+        return _bf16_bits(x).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def to_bf16(x):
+        return (_bf16_bits(x) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+    @triton.jit
+    def from_bf16(x):
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
     @triton.jit
     def tanh(x):

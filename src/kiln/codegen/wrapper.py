@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_map
 
 from kiln.ir.kernel import Kernel
 from kiln.ir.tensor import ArgRef, Node, Op
@@ -27,15 +26,33 @@ class HostProgram:
         return scope["call"]
 
 
-def _extern_caller(node: Node) -> Callable:
+def _has_ref(a) -> bool:
+    if isinstance(a, ArgRef):
+        return True
+    return isinstance(a, (list, tuple)) and any(_has_ref(x) for x in a)
+
+
+def _extern_call(node: Node, argnames: list[str], g: dict[str, Any]) -> str:
+    """Python source calling the ATen op directly: tensor arguments by name, everything
+    else as a constant of the program (no per-call argument rebuilding)."""
     target, args_t, kwargs_t = node.attrs[0], node.attrs[1], node.attrs[2]
 
-    def call(*tensors):
-        fill = lambda a: tensors[a.index] if isinstance(a, ArgRef) else a  # noqa: E731
-        return target(*tree_map(fill, args_t), **tree_map(fill, kwargs_t))
+    def render(a) -> str:
+        if isinstance(a, ArgRef):
+            return argnames[a.index]
+        if isinstance(a, (list, tuple)) and _has_ref(a):
+            inner = ", ".join(render(x) for x in a)
+            return f"[{inner}]" if isinstance(a, list) else f"({inner},)"
+        if a is None or isinstance(a, (bool, int, str)):
+            return repr(a)
+        name = f"const{len(g)}"
+        g[name] = a
+        return name
 
-    call.__name__ = str(target)
-    return call
+    fname = f"op{node.id}"
+    g[fname] = target
+    parts = [render(a) for a in args_t] + [f"{k}={render(v)}" for k, v in kwargs_t.items()]
+    return f"{fname}({', '.join(parts)})"
 
 
 def _restride(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
@@ -95,8 +112,6 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                 ptrs = ", ".join(f"{p.name}.data_ptr()" if pass_pointers else p.name for p in kern.params)
                 lines.append(f"    {kern.name}({ptrs})")
         elif step.op is Op.EXTERN:
-            fname = f"extern{step.id}"
-            g[fname] = _extern_caller(step)
             argnames = []
             for i in step.inputs:
                 if i in schedule.aliases:
@@ -108,7 +123,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                 else:
                     argnames.append(buffer_names[i])
             name = buffer_names[step]
-            lines.append(f"    {name} = {fname}({', '.join(argnames)})")
+            lines.append(f"    {name} = {_extern_call(step, argnames, g)}")
             if step.attrs[5] and step in kernel_consumed:
                 stride = layouts(step)
                 lines.append(f"    if {name}.stride() != {stride}: {name} = restride({name}, {stride})")

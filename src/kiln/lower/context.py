@@ -20,7 +20,8 @@ class LowerCtx:
 
     def arg_val(self, k: int) -> torch.Tensor | None:
         """The fake tensor of the k-th positional argument, when it has one."""
-        if self.fx_node is None or len(self.fx_node.args) <= k or not isinstance(self.fx_node.args[k], fx.Node):
+        args = self.fx_node.args if self.fx_node is not None else ()
+        if len(args) <= k or not isinstance(args[k], fx.Node):
             return None
-        val = self.fx_node.args[k].meta.get("val")
+        val = args[k].meta.get("val")
         return val if isinstance(val, torch.Tensor) else None

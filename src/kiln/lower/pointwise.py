@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from kiln.ir.tensor import Node
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import Unsupported, cast, constant, pointwise
 from kiln.lower.registry import lowering
@@ -85,9 +86,13 @@ def _plus_scaled(ctx: LowerCtx, fn: str, a, b, alpha):
         return pointwise(ctx.b, fn, a, b, out_dtype=ctx.out_dtype)
     low = ctx.out_dtype
     if low in (torch.bfloat16, torch.float16):
-        a, b, alpha = (cast(ctx.b, v, torch.float32) if hasattr(v, "op") else torch.tensor(v, dtype=low).item()
-                       for v in (a, b, alpha))
+        a, b = (cast(ctx.b, v, torch.float32) if isinstance(v, Node) else _rounded(v, low) for v in (a, b))
+        alpha = _rounded(alpha, low)
     return pointwise(ctx.b, fn, a, pointwise(ctx.b, "mul", b, alpha), out_dtype=ctx.out_dtype)
+
+
+def _rounded(value, dtype: torch.dtype):
+    return torch.tensor(value, dtype=dtype).item()
 
 
 @lowering(aten.div.Tensor, aten.div.Scalar)

@@ -33,6 +33,7 @@ class CudaGraphRunner:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.outputs = self.call(list(self.inputs))
+        self.graph.replay()  # recording does not run the kernels
 
     def __call__(self, args: list) -> list:
         if self.graph is None:
