@@ -58,6 +58,8 @@ def render_index(e: Expr) -> str:
 
 
 def literal(value, dtype: torch.dtype) -> str:
+    if dtype in (torch.bfloat16, torch.float16):
+        value = torch.tensor(float(value), dtype=dtype).item()  # a constant of this dtype holds its value
     t = compute_dtype(dtype)
     if t is torch.bool:
         v = "1" if value else "0"
@@ -144,8 +146,8 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
     if fn == "sign":
         if t is torch.bool:
             return a[0]
-        sign = f"(({a[0]} > 0).to({tl_type(t)}) - ({a[0]} < 0).to({tl_type(t)}))"
-        return f"tl.where({a[0]} != {a[0]}, {a[0]}, {sign})" if fp else sign
+        # sign(NaN) is 0 in eager
+        return f"(({a[0]} > 0).to({tl_type(t)}) - ({a[0]} < 0).to({tl_type(t)}))"
     if fn == "isnan":
         return f"({a[0]} != {a[0]})"
     if fn == "isinf":
@@ -179,8 +181,8 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         return f"km.remainder_fp({a[0]}, {a[1]})" if fp else f"km.remainder_int({a[0]}, {a[1]})"
     if fn == "fmod":
         return f"({a[0]} % {a[1]})"
-    if fn == "pow" and fp:
-        return f"km.pow({a[0]}, {a[1]})"
+    if fn == "pow":
+        return f"km.pow({a[0]}, {a[1]})" if fp else f"km.pow_int({a[0]}, {a[1]})"
     if fn in ("atan2", "copysign") and fp:
         return f"km.{fn}({a[0]}, {a[1]})"
     raise TritonUnsupported(f"no Triton rendering of {fn} on {t}")

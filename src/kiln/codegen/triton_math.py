@@ -213,6 +213,23 @@ def floordiv_int(a, b):
 
 
 @triton.jit
+def pow_int(a, b):
+    """Integer power by squaring, wrapping as eager does; a negative exponent gives 1, -1 or 0."""
+    base = a + b * 0  # both operands at the broadcast shape
+    e = b + a * 0
+    r = base * 0 + 1
+    neg = e < 0
+    e = tl.where(neg, 0, e)
+    while tl.max(e) > 0:
+        r = tl.where((e & 1) != 0, r * base, r)
+        base = base * base
+        e = e >> 1
+    odd = (b & 1) != 0
+    r_neg = tl.where(a == 1, 1, tl.where(a == -1, tl.where(odd, -1, 1), 0))
+    return tl.where(neg, r_neg.to(r.dtype), r)
+
+
+@triton.jit
 def remainder_int(a, b):
     r = a % b
     return r + tl.where((r != 0) & ((r < 0) != (b < 0)), b, 0)

@@ -141,19 +141,45 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                 else:
                     free.setdefault((r.dtype, _extent(r.shape, layouts(r))), []).append(buffer_names[r])
     rets = []
-    for o in graph.outputs:
-        if isinstance(o, Node) and o in schedule.aliases:
-            a = schedule.aliases[o]
-            base = buffer_names[a.base]
-            rets.append(f"as_strided({base}, {a.shape}, {a.stride}, {base}.storage_offset() + {a.offset})")
+    returned: set[Node] = set()
+    fresh = graph.output_fresh or [False] * len(graph.outputs)
+    for position, o in enumerate(graph.outputs):
+        if isinstance(o, Node) and fresh[position] and _shares_memory(o, schedule, returned):
+            # eager returns new memory here; the value kiln has is an input, a view or
+            # another output, so copy it (in eager's layout)
+            stride = graph.output_strides[position] or layouts(o)
+            source = buffer_names[o] if o not in schedule.aliases else _alias_expr(schedule.aliases[o], buffer_names)
+            rets.append(f"restride({source}, {stride})")
+        elif isinstance(o, Node) and o in schedule.aliases:
+            rets.append(_alias_expr(schedule.aliases[o], buffer_names))
         elif isinstance(o, Node):
             rets.append(buffer_names[o])
         else:
             g_name = f"const{len(g)}"
             g[g_name] = o
             rets.append(g_name)
+        if isinstance(o, Node):
+            returned.add(o)
     lines.append(f"    return [{', '.join(rets)}]")
     return HostProgram("\n".join(lines) + "\n", g)
+
+
+def _alias_expr(a, buffer_names) -> str:
+    base = buffer_names[a.base]
+    return f"as_strided({base}, {a.shape}, {a.stride}, {base}.storage_offset() + {a.offset})"
+
+
+def _shares_memory(node: Node, schedule: Schedule, returned: set[Node]) -> bool:
+    """Whether returning node's buffer as is would share memory with an input, with an
+    earlier output, or with another tensor it is a view of."""
+    if node in returned or node in schedule.aliases:
+        return True
+    return node.op is Op.INPUT or (node.op in (Op.EXTERN, Op.ITEM) and _extern_may_alias(node))
+
+
+def _extern_may_alias(node: Node) -> bool:
+    target = node.attrs[0] if node.op is Op.EXTERN else node.inputs[0].attrs[0]
+    return bool(getattr(target, "is_view", False))
 
 
 def _extent(shape, stride) -> int:

@@ -92,10 +92,20 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
                 else None
                 for a in fx_outs
             ]
+            graph.output_fresh = [_returns_new_memory(a) for a in fx_outs]
             return graph, fallbacks
         else:
             raise Unsupported(f"FX node kind {n.op} is not handled")
     raise Unsupported("FX graph has no output")
+
+
+def _returns_new_memory(a) -> bool:
+    """Whether eager's output is fresh memory: not a graph input, not a view op's result."""
+    if not isinstance(a, fx.Node) or a.op != "call_function":
+        return False
+    if a.target is operator.getitem:
+        return _returns_new_memory(a.args[0])
+    return not getattr(a.target, "is_view", False)
 
 
 class _TensorConstant:

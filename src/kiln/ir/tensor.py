@@ -146,6 +146,9 @@ class Graph:
     outputs: list[Any]
     num_inputs: int
     output_strides: list[tuple[int, ...] | None] = field(default_factory=list)  # as eager returns them
+    # False where eager's output is a view (it may share memory); True where eager returns
+    # new memory, which the compiled program must too, even when kiln computed no copy
+    output_fresh: list[bool] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [node_str(n) for n in self.nodes]
@@ -196,8 +199,9 @@ class Builder:
             self._seen[key] = node
         return node
 
-    def finish(self, outputs: list[Any], num_inputs: int, output_strides=None) -> Graph:
-        return Graph(list(self.nodes), list(outputs), num_inputs, list(output_strides or []))
+    def finish(self, outputs: list[Any], num_inputs: int, output_strides=None, output_fresh=None) -> Graph:
+        return Graph(list(self.nodes), list(outputs), num_inputs, list(output_strides or []),
+                     list(output_fresh or []))
 
 
 def _attrs_key(attrs: Any) -> Any:

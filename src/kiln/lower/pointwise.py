@@ -184,3 +184,16 @@ def _identity(ctx: LowerCtx, x):
 @lowering(torch.ops.prims.convert_element_type.default)
 def _convert_element_type(ctx: LowerCtx, x, dtype):
     return cast(ctx.b, x, dtype)
+
+
+@lowering(aten.copy.default)
+def _copy(ctx: LowerCtx, dst, src, non_blocking=False):
+    """The functional copy: src's values, in dst's shape and dtype."""
+    from kiln.lower.core import expand
+
+    return cast(ctx.b, expand(ctx.b, src, dst.shape), dst.dtype)
+
+
+@lowering(torch.ops.prims.fma.default)
+def _fma(ctx: LowerCtx, a, b, c):
+    return pointwise(ctx.b, "add", pointwise(ctx.b, "mul", a, b), c, out_dtype=ctx.out_dtype)

@@ -152,7 +152,7 @@ def _rebuild(graph: Graph, rules: list[Rule]) -> tuple[Graph, dict[str, int]]:
                     break
         new[n] = node
     outputs = [new[o] if isinstance(o, Node) else o for o in graph.outputs]
-    return b.finish(outputs, graph.num_inputs, graph.output_strides), fired
+    return b.finish(outputs, graph.num_inputs, graph.output_strides, graph.output_fresh), fired
 
 
 def _live(graph: Graph) -> set[Node]:
