@@ -323,20 +323,17 @@ class _Renderer:
         return f"tl.{kind}({tile}, 1)[:, None]"
 
     def _arg_reduce(self, s: k.Reduce, depth: int, t: torch.dtype) -> None:
-        big = "float('inf')" if s.kind == "argmax" else "float('-inf')"
-        key = f"tl.where({s.value} != {s.value}, {big}, {s.value})" if t.is_floating_point else s.value
-        ident = _identity(s.kind, t)
-        fn = "argmax" if s.kind == "argmax" else "argmin"
+        """(value, position) pairs combined by km.argmax/argmin_combine: the first extreme
+        value wins and NaN counts as extreme, as in eager. A row loop combines per lane and
+        reduces the lanes after the loop."""
+        key = f"tl.where(xmask & rmask, {s.value}, {_identity(s.kind, t)})"
+        pos = f"({render_index(s.index)}) + tl.zeros([XBLOCK, RBLOCK], tl.int64)"
         if self.persistent:
-            self.emit(depth, f"{s.out}_key = tl.where(xmask & rmask, {key}, {ident})")
-            self.emit(depth, f"{s.out} = tl.{fn}({s.out}_key, 1, tie_break_left=True)[:, None].to(tl.int64)")
+            self.emit(depth, f"_, {s.out} = tl.reduce(({key}, {pos}), 1, km.{s.kind}_combine)")
+            self.emit(depth, f"{s.out} = {s.out}[:, None]")
         else:
-            cmp = ">" if s.kind == "argmax" else "<"
-            self.emit(depth, f"{s.out}_key = tl.where(xmask & rmask, {key}, {ident})")
-            self.emit(depth, f"{s.out}_better = {s.out}_key {cmp} {s.out}_best")
-            self.emit(depth, f"{s.out}_best = tl.where({s.out}_better, {s.out}_key, {s.out}_best)")
-            self.emit(depth, f"{s.out}_idx = tl.where({s.out}_better, ({render_index(s.index)}) + "
-                             f"tl.zeros([XBLOCK, RBLOCK], tl.int64), {s.out}_idx)")
+            self.emit(depth, f"{s.out}_best, {s.out}_idx = km.{s.kind}_combine("
+                             f"{s.out}_best, {s.out}_idx, {key}, {pos})")
 
     def _loop_init(self, reductions: list[k.Reduce], depth: int) -> None:
         for r in reductions:
@@ -352,10 +349,8 @@ class _Renderer:
         for r in reductions:
             t = compute_dtype(r.dtype)
             if r.kind in ("argmax", "argmin"):
-                best = "tl.max" if r.kind == "argmax" else "tl.min"
-                self.emit(depth, f"{r.out}_v = {best}({r.out}_best, 1)[:, None]")
-                self.emit(depth, f"{r.out} = tl.min(tl.where({r.out}_best == {r.out}_v, {r.out}_idx, "
-                                 f"{torch.iinfo(torch.int64).max}), 1)[:, None]")
+                self.emit(depth, f"_, {r.out} = tl.reduce(({r.out}_best, {r.out}_idx), 1, km.{r.kind}_combine)")
+                self.emit(depth, f"{r.out} = {r.out}[:, None]")
             else:
                 self.emit(depth, f"{r.out} = {self._tile_reduce(r.kind, r.out + '_acc', t)}")
 

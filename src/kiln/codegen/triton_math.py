@@ -212,6 +212,26 @@ def floordiv_int(a, b):
     return q - fix.to(q.dtype)
 
 
+# (value, index) combines for argmax/argmin: the first extreme value wins, NaN counting as
+# the most extreme (as eager). For integers `v != v` is false and folds away.
+@triton.jit
+def argmax_combine(v1, i1, v2, i2):
+    nan1 = v1 != v1
+    nan2 = v2 != v2
+    tie = (v1 == v2) | (nan1 & nan2)
+    first = (v1 > v2) | (nan1 & ~nan2) | (tie & (i1 < i2))
+    return tl.where(first, v1, v2), tl.where(first, i1, i2)
+
+
+@triton.jit
+def argmin_combine(v1, i1, v2, i2):
+    nan1 = v1 != v1
+    nan2 = v2 != v2
+    tie = (v1 == v2) | (nan1 & nan2)
+    first = (v1 < v2) | (nan1 & ~nan2) | (tie & (i1 < i2))
+    return tl.where(first, v1, v2), tl.where(first, i1, i2)
+
+
 @triton.jit
 def pow_int(a, b):
     """Integer power by squaring, wrapping as eager does; a negative exponent gives 1, -1 or 0."""

@@ -141,10 +141,18 @@ def _required_buffers(plan: KernelPlan, stored: dict[Node, str]) -> set[Node]:
 def _domain(root: Node, stored: dict[Node, str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if root.op is Op.REDUCE:
         return root.inputs[0].shape, root.attrs[1]
-    for r in _reachable_reductions(root, stored):
+    reductions = _reachable_reductions(root, stored)
+    for r in reductions:
         if r.inputs[0].shape == root.shape:
             return root.shape, r.attrs[1]
+    for r in reductions:  # one value per row (a norm's saved mean or rstd): a row store
+        if _squeezed(root.shape) == _squeezed(r.shape):
+            return r.inputs[0].shape, r.attrs[1]
     return root.shape, ()
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(s for s in shape if s != 1)
 
 
 def _eager_stride(graph: Graph, node: Node) -> tuple[int, ...] | None:
@@ -218,12 +226,14 @@ def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
         need = _required_buffers(plan, stored)
         merged = False
         for k, step in enumerate(steps):
+            # what the kernel stores element-wise it can also recompute for n
+            recomputable = {r for r in step.roots if r.op is not Op.REDUCE} if isinstance(step, KernelPlan) else set()
             if (isinstance(step, KernelPlan) and step.iter_shape == iter_shape and step.axes == axes
-                    and need <= produced_before[k]):
+                    and need <= produced_before[k] | recomputable):
                 step.roots.append(n)
                 decisions.append(Decision(_label(n), "merged",
                                           f"same domain {list(iter_shape)} as the kernel storing "
-                                          f"{_label(step.roots[0])}, and independent of it"))
+                                          f"{_label(step.roots[0])}, and independent of every kernel after it"))
                 merged = True
                 break
         if not merged:

@@ -187,7 +187,12 @@ class KernelEmitter:
         return out
 
     def _row_index(self) -> tuple[Expr, ...]:
-        return tuple(ix.as_expr(s) for s in self.outer)
+        return tuple(ix.as_expr(s) + 0 for s in self.outer)  # "+ 0" simplifies: extent-1 dims are 0
+
+    def _row_index_of(self, root: Node) -> tuple[Expr, ...]:
+        """Index of a one-value-per-row root (its size-1 dims are 0, the others the rows')."""
+        outer = iter(s for s in self.outer if s.extent != 1)
+        return tuple(ix.as_expr(0) if n == 1 else ix.as_expr(next(outer)) for n in root.shape)
 
     def _row_value(self, node: Node, index: tuple[Expr, ...]) -> str:
         if tuple(index) != self._row_index():
@@ -236,7 +241,7 @@ class KernelEmitter:
         final = _StageBuilder(loop=True)
         row_stores: list[Node] = []
         for root in self.plan.roots:
-            if root.op is Op.REDUCE:
+            if root.op is Op.REDUCE or root.shape != self.plan.iter_shape:
                 row_stores.append(root)
                 continue
             # Reductions first, so that values they keep in row arrays are read, not recomputed.
@@ -248,13 +253,15 @@ class KernelEmitter:
             self.stack.pop()
             final.body.append(k.Store(self._param(root, True), self._linear(root, self._iter_index()), v, root.dtype))
         for root in row_stores:
+            index = self._row_index() if root.op is Op.REDUCE else self._row_index_of(root)
+            for r in _reductions_below(root, self.buffer_names) if root.op is not Op.REDUCE else [root]:
+                if r not in self.row_values:
+                    self._reduction(r, self._row_index())
             row = _StageBuilder(loop=False)
             self.stack.append(row)
-            if root not in self.row_values:
-                self._reduction(root, self._row_index())
-            v = self.row_values[root]
+            v = self.row_values[root] if root.op is Op.REDUCE else self.value(root, index)
             self.stack.pop()
-            row.body.append(k.Store(self._param(root, True), self._linear(root, self._row_index()), v, root.dtype))
+            row.body.append(k.Store(self._param(root, True), self._linear(root, index), v, root.dtype))
             self.stages.append(k.Stage(False, tuple(row.body)))
         if final.body:
             self.stages.append(k.Stage(True, tuple(final.body)))

@@ -137,6 +137,8 @@ def _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend: Bac
                                                     backend.row_scratch_limit, backend.keep_loaded_rows)
             return sched, kernels
         except FusionMismatch as e:
+            if e.node in sched.stored:  # storing it again would change nothing
+                raise RuntimeError(f"kernelize: {e.reason}") from e
             stored = dict(sched.stored)
             stored[e.node] = e.reason
 
