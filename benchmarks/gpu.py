@@ -132,11 +132,16 @@ def first_call(fn, args) -> tuple[float, object]:
 
 
 def check(out, ref, tol) -> str | None:
-    try:
-        torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
-        return None
-    except AssertionError as e:
-        return str(e).splitlines()[0] if str(e) else "mismatch"
+    """Max error relative to the output's scale (matmul outputs in bf16 differ in ulps of
+    large values between any two implementations, eager's included)."""
+    out, ref = out.float(), ref.float()
+    if out.shape != ref.shape:
+        return f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    if not torch.equal(out.isnan(), ref.isnan()):
+        return "NaN in different places"
+    err = (out - ref).nan_to_num().abs().max().item()
+    scale = max(ref.nan_to_num().abs().max().item(), 1.0)
+    return None if err <= tol * scale else f"max error {err:.3g} at scale {scale:.3g}"
 
 
 def main() -> int:

@@ -13,9 +13,11 @@ kiln cache ("warm start"): it should build nothing.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,8 +26,9 @@ import time
 # Both compilers start cold: fresh cache folders before torch (or Inductor) reads them.
 # A warm-start child inherits its parent's folders instead.
 if "--warm-start-child" not in sys.argv:
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-cache-")
-    os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-kiln-cache-")
+    for _var, _prefix in (("TORCHINDUCTOR_CACHE_DIR", "bench-inductor-"), ("KILN_CACHE_DIR", "bench-kiln-")):
+        os.environ[_var] = tempfile.mkdtemp(prefix=_prefix)
+        atexit.register(shutil.rmtree, os.environ[_var], ignore_errors=True)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402

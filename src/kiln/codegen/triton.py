@@ -463,3 +463,26 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
         xblock = max(1, min(64, 4096 // rblock))
     warps = 8 if rblock >= 2048 else 4
     return xblock, rblock, warps
+
+
+def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
+    """A bounded set of (XBLOCK, RBLOCK, num_warps) worth timing on a GPU, heuristic first."""
+    first = launch_config(kernel, False)
+    if not kernel.reduce:
+        cap = next_pow2(max(kernel.outer_numel, 1))
+        options = [(min(x, cap), 1, w) for x, w in ((1024, 4), (2048, 8), (512, 4), (4096, 8))]
+    elif kernel.reduce_numel <= PERSISTENT_MAX:
+        rblock = next_pow2(kernel.reduce_numel)
+        options = []
+        for tile in (2048, 4096, 8192, 16384):
+            xblock = max(1, tile // rblock)
+            for warps in (4, 8, 16):
+                if warps * 32 * 2 <= xblock * rblock and xblock <= next_pow2(kernel.outer_numel):
+                    options.append((xblock, rblock, warps))
+    else:
+        options = [(1, r, w) for r in (1024, 2048, 4096) for w in (8, 16)]
+    out = [first]
+    for c in options:
+        if c not in out:
+            out.append(c)
+    return out[:6]

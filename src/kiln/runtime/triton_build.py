@@ -45,52 +45,50 @@ def _load(kernel: Kernel, source: str):
     spec = importlib.util.spec_from_file_location(f"kiln_triton_{key}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return getattr(module, kernel.name), cached
+    return getattr(module, kernel.name), path, cached
 
 
-def _launcher(kernel: Kernel, jit_fn, compiled) -> Callable:
-    """Launch with the precompiled binary when every pointer is 16-byte aligned (what it was
-    specialized for: kiln's own buffers always are); otherwise through Triton's JIT, which
-    picks or compiles the right specialization."""
+def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
     from kiln.codegen.triton import launch_config
 
-    xblock, rblock, warps = launch_config(kernel, interpreted())
-    grid = ((kernel.outer_numel + xblock - 1) // xblock, 1, 1)
-    slow = jit_fn[grid]
-    fast = compiled[grid] if compiled is not None else None
+    xblock, rblock, warps = launch_config(kernel, True)
+    launcher = jit_fn[((kernel.outer_numel + xblock - 1) // xblock,)]
 
     def launch(*tensors):
-        if fast is not None and all(t.data_ptr() % 16 == 0 for t in tensors):
-            fast(*tensors, xblock, rblock)
-        else:
-            slow(*tensors, XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
+        launcher(*tensors, XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
 
     launch.__name__ = kernel.name
     return launch
 
 
 def build_all(jobs: list[tuple[Kernel, str]]) -> list[TritonBuild]:
-    """Load every kernel and, on a GPU, compile them all at once on a thread pool (Triton's
-    asynchronous compile mode), for aligned pointers of the kernel's dtypes."""
-    from kiln.codegen.triton import launch_config
+    """Load every kernel; on a GPU, compile every candidate launch configuration of every
+    kernel at once on a thread pool (Triton's asynchronous compile mode), for aligned
+    pointers of the kernel's dtypes. The first launch picks the fastest (runtime/autotune)."""
+    from kiln.codegen.triton import candidate_configs
+    from kiln.runtime.autotune import TunedLauncher
 
     loaded = [_load(kernel, source) for kernel, source in jobs]
-    compiled = [None] * len(jobs)
-    if not interpreted() and jobs:
-        from concurrent.futures import ThreadPoolExecutor
+    if interpreted() or not jobs:
+        return [TritonBuild(_interpreted_launcher(kernel, fn), cached)
+                for (kernel, _), (fn, _, cached) in zip(jobs, loaded)]
+    from concurrent.futures import ThreadPoolExecutor
 
-        from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime._async_compile import AsyncCompileMode
 
-        with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
-            with AsyncCompileMode(pool):
-                pending = []
-                for (kernel, _), (jit_fn, _) in zip(jobs, loaded):
-                    xblock, rblock, warps = launch_config(kernel, False)
-                    pending.append(jit_fn.warmup(*[p.dtype for p in kernel.params], grid=(1,),
-                                                 XBLOCK=xblock, RBLOCK=rblock, num_warps=warps))
-        compiled = [p.result() if hasattr(p, "result") else p for p in pending]
-    return [TritonBuild(_launcher(kernel, jit_fn, c), cached)
-            for (kernel, _), (jit_fn, cached), c in zip(jobs, loaded, compiled)]
+    pending: list[dict] = []
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        with AsyncCompileMode(pool):
+            for (kernel, _), (jit_fn, _, _) in zip(jobs, loaded):
+                dtypes = [p.dtype for p in kernel.params]
+                pending.append({c: jit_fn.warmup(*dtypes, grid=(1,), XBLOCK=c[0], RBLOCK=c[1], num_warps=c[2])
+                                for c in candidate_configs(kernel)})
+    builds = []
+    for (kernel, _), (jit_fn, path, cached), variants in zip(jobs, loaded, pending):
+        variants = {c: (v.result() if hasattr(v, "result") else v) for c, v in variants.items()}
+        launcher = TunedLauncher(kernel.name, kernel.outer_numel, jit_fn, variants, path.with_suffix(".tune.json"))
+        builds.append(TritonBuild(launcher, cached))
+    return builds
 
 
 _POINTER_TYPE = {
