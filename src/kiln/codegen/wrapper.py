@@ -65,7 +65,7 @@ def _restride(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
 def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_names: dict[Node, str],
                        layouts, device: torch.device, pass_pointers: bool = True) -> HostProgram:
     graph = schedule.graph
-    g: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
+    g: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided, "device": device,
                          "as_strided": torch.as_strided, "restride": _restride}
     lines = ["def call(args):"]
     names = [f"arg{i}" for i in range(graph.num_inputs)]
@@ -84,8 +84,11 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
         for r in reads:
             last_use[r] = k
     free: dict[tuple, list[str]] = {}
-    kernel_consumed = {r for k, step in enumerate(schedule.steps) if isinstance(step, KernelPlan)
+    # Kernels and strided views read ATen results with the strides PyTorch's shape functions
+    # promise; a few ops return another layout at run time, so those results are checked.
+    layout_checked = {r for k, step in enumerate(schedule.steps) if isinstance(step, KernelPlan)
                        for r in reads_by_step[k]}
+    layout_checked |= {a.base for a in schedule.aliases.values()}
     # An ATen op may return a view of its argument: such memory is never handed out again.
     extern_read = {r for k, step in enumerate(schedule.steps) if not isinstance(step, KernelPlan)
                    for r in reads_by_step[k]}
@@ -99,7 +102,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             lines.append(f"    {name} = as_strided({old}, {node.shape}, {stride})  # reuses {old}")
         else:
             lines.append(f"    {name} = empty_strided({node.shape}, {stride}, dtype={node.dtype}, "
-                         f"device='{device}')")
+                         f"device=device)")
         return name
 
     for k, step in enumerate(schedule.steps):
@@ -124,13 +127,13 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                     argnames.append(buffer_names[i])
             name = buffer_names[step]
             lines.append(f"    {name} = {_extern_call(step, argnames, g)}")
-            if step.attrs[5] and step in kernel_consumed:
+            if step.attrs[5] and step in layout_checked:
                 stride = layouts(step)
                 lines.append(f"    if {name}.stride() != {stride}: {name} = restride({name}, {stride})")
         elif step.op is Op.ITEM:
             name = buffer_names[step]
             lines.append(f"    {name} = {buffer_names[step.inputs[0]]}[{step.attrs[0]}]")
-            if step in kernel_consumed:
+            if step in layout_checked:
                 stride = layouts(step)
                 lines.append(f"    if {name}.stride() != {stride}: {name} = restride({name}, {stride})")
         # release what this step read for the last time

@@ -29,7 +29,9 @@ DECOMPOSE = [
 # Ops kiln lowers itself (a decomposition would only make the graph longer) or leaves to
 # ATen on purpose (matmul and convolution go to the vendor libraries).
 KEEP = [aten.var.correction, aten.var_mean.correction, aten.std.correction, aten.embedding.default,
-        aten.index_select.default, aten.addmm.default, aten.mm.default, aten.bmm.default]
+        aten.index_select.default, aten.addmm.default, aten.mm.default, aten.bmm.default,
+        # fused attention kernels (flash / memory-efficient) beat any split into matmuls
+        aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default]
 
 
 def _batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):

@@ -99,7 +99,9 @@ class _Worker:
     def _start(self) -> None:
         cmd = [sys.executable, "-m", "kiln.tools.conformance", "--worker", "--samples", str(self.args.samples),
                "--timeout", str(self.args.timeout)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        with open(self.args.out + ".log", "a") as log:  # Dynamo's and kiln's own messages
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                         text=True, bufsize=1)
         self.proc.stdin.write("".join(f"{n}\t{d}\n" for n, d in self.jobs))
         self.proc.stdin.close()
 
