@@ -57,3 +57,18 @@ def test_transformer_block_matches_eager():
     x = torch.randn(4, 128, 256, device=CUDA)
     with torch.no_grad():
         check(model, x, tol=dict(rtol=1e-3, atol=1e-3))
+
+
+@pytest.mark.parametrize("n", [100, 6000])  # persistent and looped rows
+def test_nan_inf_arg_reductions_int_pow_and_casts(n):
+    def f(x, i, e):
+        return (x.argmax(-1), x.argmin(-1), x.amax(-1), torch.sign(x), i ** 3, torch.pow(i, e),
+                i.to(torch.bfloat16), x.double().to(torch.bfloat16), x.to(torch.bfloat16).float() * 3)
+
+    x = torch.randn(8, n, device=CUDA)
+    x[0, 7], x[0, 3] = float("nan"), float("inf")  # the first NaN wins over an earlier inf
+    x[1, 5], x[1, 9] = float("-inf"), float("nan")
+    x[2] = float("-inf")
+    i = torch.randint(-5, 6, (8, n), device=CUDA)
+    e = torch.randint(0, 40, (8, n), device=CUDA)
+    check(f, x, i, e, expect_native=True)

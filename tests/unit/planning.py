@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from kiln.options import Options
 from kiln.codegen.backends import get_backend
 from kiln.frontend.decompositions import decomposition_table
 from kiln.frontend.importer import import_graph
@@ -19,7 +20,7 @@ from kiln.passes.simplify import all_rules, simplify
 def tensor_graph(fn, *args: torch.Tensor) -> Graph:
     """fn's simplified tensor graph."""
     gm = make_fx(fn, decomposition_table=decomposition_table())(*args)
-    graph, _ = import_graph(gm, list(args), get_backend("cpp").unsupported_fns)
+    graph, _ = import_graph(gm, list(args), get_backend("cpp", Options()).unsupported_fns)
     return simplify(graph, all_rules())[0]
 
 
@@ -28,5 +29,5 @@ def plan(fn, *args: torch.Tensor) -> tuple[Schedule, list[Kernel]]:
     graph = tensor_graph(fn, *args)
     layouts = Layouts(graph)
     stored, aliases, decisions = plan_stores(graph, layouts)
-    sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, get_backend("cpp"))
+    sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, get_backend("cpp", Options()))
     return sched, list(kernels.values())

@@ -24,7 +24,7 @@ class Backend:
     unsupported_fns: frozenset = frozenset()  # element-wise functions left to ATen
 
 
-def _cpp() -> Backend:
+def _cpp(options) -> Backend:
     from kiln.codegen import cpp
     from kiln.passes.kernelize import ROW_SCRATCH_LIMIT
     from kiln.runtime import cpp_build
@@ -37,13 +37,14 @@ def _cpp() -> Backend:
     return Backend("cpp", "C++", cpp.render_kernel, build, True, ROW_SCRATCH_LIMIT, False)
 
 
-def _triton() -> Backend:
+def _triton(options) -> Backend:
     from kiln.codegen import triton as tr
     from kiln.codegen import triton_math
     from kiln.runtime import triton_build
 
     def build(kernels, sources):
-        results = triton_build.build_all(list(zip(kernels, sources)))
+        # tuning every kernel costs compile time: by default one heuristic configuration
+        results = triton_build.build_all(list(zip(kernels, sources)), autotune=options.mode == "max-autotune")
         return [r.fn for r in results], sum(r.cached for r in results)
 
     unsupported = triton_math.INTERPRETER_UNSUPPORTED if triton_math.INTERPRETED else frozenset()
@@ -61,8 +62,8 @@ def resolve_target(target: str, device: torch.device) -> str:
     return target
 
 
-def get_backend(name: str) -> Backend:
-    return _FACTORIES[name]()
+def get_backend(name: str, options) -> Backend:
+    return _FACTORIES[name](options)
 
 
 def target_problem(target: str, device: torch.device) -> str | None:

@@ -209,7 +209,7 @@ class _Renderer:
         self.lines: list[str] = []
         self.types: dict[str, torch.dtype] = {}
         self.scratch = {sc.name for sc in kernel.scratch}
-        self.persistent = bool(kernel.reduce) and kernel.reduce_numel <= PERSISTENT_MAX
+        self.persistent = is_persistent(kernel)
         if kernel.scratch and not self.persistent:
             raise TritonUnsupported("row arrays need a persistent reduction")
         self.wide = _needs_int64(kernel)
@@ -241,7 +241,9 @@ class _Renderer:
             return ptr, "xmask"
         if has_r:
             return ptr, "rmask"
-        return ptr, None
+        # a one-element block, like constants: the interpreter mistypes a 0-d comparison
+        # once it is broadcast
+        return f"{ptr} + tl.zeros([1], tl.int32)", None
 
     def stmt(self, s: k.Stmt, depth: int, in_loop: bool) -> None:
         if isinstance(s, k.Load):
@@ -301,9 +303,6 @@ class _Renderer:
             return
         if self.persistent:
             self.emit(depth, f"{s.out} = {self._tile_reduce(s.kind, masked, t)}")
-            if s.kind in ("max", "min") and t.is_floating_point:
-                self.emit(depth, f"{s.out} = tl.where(tl.max(tl.where(xmask & rmask & ({s.value} != {s.value}), "
-                                 f"1, 0), 1)[:, None] > 0, float('nan'), {s.out})")
         else:
             acc = f"{s.out}_acc"
             combine = {"sum": f"{acc} + {masked}", "prod": f"{acc} * {masked}",
@@ -320,6 +319,8 @@ class _Renderer:
             return f"(tl.max({tile}.to(tl.int32), 1)[:, None] > 0)"
         if kind == "all":
             return f"(tl.min({tile}.to(tl.int32), 1)[:, None] > 0)"
+        if kind in ("max", "min") and t.is_floating_point:  # NaN wins, as in eager
+            return f"tl.reduce({tile}, 1, km.{kind}imum_nan)[:, None]"
         return f"tl.{kind}({tile}, 1)[:, None]"
 
     def _arg_reduce(self, s: k.Reduce, depth: int, t: torch.dtype) -> None:
@@ -447,21 +448,46 @@ def render_source(kernel: k.Kernel) -> str:
     return HEADER + "\n\n" + render_kernel(kernel) + "\n"
 
 
+def column_reduction(kernel: k.Kernel) -> bool:
+    """True when neighbouring outer points are neighbours in memory and neighbouring row
+    elements are not (a sum over rows, like a bias gradient): tiles must then be wide in x
+    for coalesced loads."""
+    if not kernel.reduce or not kernel.outer:
+        return False
+    x, r = kernel.outer[-1], kernel.reduce[-1]
+    for st in kernel.stages:
+        for s in st.body:
+            if isinstance(s, k.Load) and s.index.coef(x) == 1 and s.index.coef(r) != 1:
+                return True
+    return False
+
+
+def is_persistent(kernel: k.Kernel) -> bool:
+    """Whole rows in one tile: when they fit, unless the rows run across memory (then a
+    narrow loop over them keeps loads coalesced), but always when values are kept."""
+    if not kernel.reduce or kernel.reduce_numel > PERSISTENT_MAX:
+        return False
+    return bool(kernel.scratch) or not column_reduction(kernel)
+
+
 def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     """(XBLOCK, RBLOCK, num_warps): a small heuristic; the interpreter wants few programs."""
     if not kernel.reduce:
         xblock = 1024 if not interpreted else next_pow2(min(kernel.outer_numel, 4096))
         return max(xblock, 1), 1, 4
     rnumel = kernel.reduce_numel
-    if rnumel <= PERSISTENT_MAX:
+    if is_persistent(kernel):
         rblock = next_pow2(rnumel)
+    elif column_reduction(kernel):
+        rblock = min(64, next_pow2(rnumel))
+        return min(64, next_pow2(kernel.outer_numel)), rblock, 4
     else:
         rblock = 2048
     if interpreted:
         xblock = next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock))))
     else:
         xblock = max(1, min(64, 4096 // rblock))
-    warps = 8 if rblock >= 2048 else 4
+    warps = 8 if rblock > 4096 else 4
     return xblock, rblock, warps
 
 
@@ -471,7 +497,7 @@ def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
     if not kernel.reduce:
         cap = next_pow2(max(kernel.outer_numel, 1))
         options = [(min(x, cap), 1, w) for x, w in ((1024, 4), (2048, 8), (512, 4), (4096, 8))]
-    elif kernel.reduce_numel <= PERSISTENT_MAX:
+    elif is_persistent(kernel):
         rblock = next_pow2(kernel.reduce_numel)
         options = []
         for tile in (2048, 4096, 8192, 16384):
@@ -479,6 +505,8 @@ def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
             for warps in (4, 8, 16):
                 if warps * 32 * 2 <= xblock * rblock and xblock <= next_pow2(kernel.outer_numel):
                     options.append((xblock, rblock, warps))
+    elif column_reduction(kernel):
+        options = [(x, r, w) for x, r in ((64, 64), (128, 32), (32, 128), (256, 16)) for w in (4, 8)]
     else:
         options = [(1, r, w) for r in (1024, 2048, 4096) for w in (8, 16)]
     out = [first]

@@ -212,6 +212,17 @@ def floordiv_int(a, b):
     return q - fix.to(q.dtype)
 
 
+# max/min combines for float reductions: NaN propagates, as in eager
+@triton.jit
+def maximum_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def minimum_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
 # (value, index) combines for argmax/argmin: the first extreme value wins, NaN counting as
 # the most extreme (as eager). For integers `v != v` is false and folds away.
 @triton.jit

@@ -56,7 +56,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
         try:
             from kiln.passes.pipeline import compile_graph
 
-            fn, report = compile_graph(gm, example_inputs, get_backend(target))
+            fn, report = compile_graph(gm, example_inputs, get_backend(target, options))
             REPORTS.append(report)
             fn._boxed_call = True
             if options.mode == "reduce-overhead" and _graph_device(example_inputs).type == "cuda":
@@ -85,8 +85,8 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options
         return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler,
                                      partition_fn=min_cut_rematerialization_partition,
                                      decompositions=decomposition_table())
-    except torch._dynamo.exc.RestartAnalysis:
-        raise  # Dynamo's own control flow: it re-traces the frame
+    except (torch._dynamo.exc.RestartAnalysis, *torch._dynamo.exc.exceptions_allowed_to_be_fallback):
+        raise  # Dynamo's own control flow: it re-traces the frame, or breaks the graph there
     except Exception as e:  # noqa: BLE001 - tracing failed (e.g. a decomposition): run the graph as is
         if env_debug():
             raise

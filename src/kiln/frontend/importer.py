@@ -110,6 +110,15 @@ def _returns_new_memory(a) -> bool:
     return not getattr(a.target, "is_view", False)
 
 
+def _touches_complex(args, kwargs, val) -> bool:
+    """Kernels have no complex types: an op reading or making complex values runs in ATen."""
+    leaves = tree_flatten((args, kwargs, val))[0]
+    return any(getattr(v, "dtype", None) in _COMPLEX for v in leaves if isinstance(v, (Node, torch.Tensor)))
+
+
+_COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
+
+
 class _TensorConstant:
     """An ATen-side 'call' that yields a tensor constant of the graph (a fresh copy, so
     that a caller who gets it back as an output cannot change the graph's value)."""
@@ -157,6 +166,8 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
     name = str(n.target)
     fn = lookup(n.target)
     reason = EXTERN_BY_DESIGN.get(n.target, "no kiln lowering for this op")
+    if fn is not None and _touches_complex(args, kwargs, val):
+        fn, reason = None, "complex tensors are not lowered"
     if fn is not None:
         single = isinstance(val, torch.Tensor)
         ctx = LowerCtx(b, n.target, tuple(val.shape) if single else None, val.dtype if single else None, n)

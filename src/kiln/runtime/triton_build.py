@@ -61,11 +61,12 @@ def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
     return launch
 
 
-def build_all(jobs: list[tuple[Kernel, str]]) -> list[TritonBuild]:
-    """Load every kernel; on a GPU, compile every candidate launch configuration of every
-    kernel at once on a thread pool (Triton's asynchronous compile mode), for aligned
-    pointers of the kernel's dtypes. The first launch picks the fastest (runtime/autotune)."""
-    from kiln.codegen.triton import candidate_configs
+def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[TritonBuild]:
+    """Load every kernel; on a GPU, compile its launch configurations (the heuristic's, or
+    with autotune every candidate) for aligned pointers of the kernel's dtypes, submitted
+    together to Triton's asynchronous compile mode. With several candidates the first
+    launch picks the fastest (runtime/autotune)."""
+    from kiln.codegen.triton import candidate_configs, launch_config
     from kiln.runtime.autotune import TunedLauncher
 
     loaded = [_load(kernel, source) for kernel, source in jobs]
@@ -82,7 +83,7 @@ def build_all(jobs: list[tuple[Kernel, str]]) -> list[TritonBuild]:
             for (kernel, _), (jit_fn, _, _) in zip(jobs, loaded):
                 dtypes = [p.dtype for p in kernel.params]
                 pending.append({c: jit_fn.warmup(*dtypes, grid=(1,), XBLOCK=c[0], RBLOCK=c[1], num_warps=c[2])
-                                for c in candidate_configs(kernel)})
+                                for c in (candidate_configs(kernel) if autotune else [launch_config(kernel, False)])})
     builds = []
     for (kernel, _), (jit_fn, path, cached), variants in zip(jobs, loaded, pending):
         variants = {c: (v.result() if hasattr(v, "result") else v) for c, v in variants.items()}

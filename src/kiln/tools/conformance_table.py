@@ -101,3 +101,18 @@ def write_table(results: str, doc: str) -> None:
         new = old + ("\n" if old else "") + text + "\n"
     with open(doc, "w") as f:
         f.write(new)
+
+
+def choose_subset(rows: list[dict]) -> list[tuple[str, str]]:
+    """A small set of (op, dtype) runs that together reach every lowering the sweep reached,
+    for each dtype: greedy set cover, most new lowerings first, then the cheapest."""
+    chosen = []
+    for dtype in ("float32", "bfloat16", "int"):
+        candidates = [r for r in rows if r["dtype"] == dtype and r.get("lowered")
+                      and r["class"] in ("native pass", "fallback pass")]
+        left = set().union(*(r["lowered"] for r in candidates)) if candidates else set()
+        while left:
+            best = max(candidates, key=lambda r: (len(left & set(r["lowered"])), -r.get("seconds", 0)))
+            chosen.append((best["op"], dtype))
+            left -= set(best["lowered"])
+    return chosen

@@ -46,7 +46,8 @@ class _KilnLog(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def serve(args) -> int:
+def prepare() -> tuple[dict, _KilnLog]:
+    """op_db by name, and the handler that collects kiln's warnings."""
     from torch.testing._internal import common_methods_invocations as cmi
 
     from kiln.tools.conformance import op_name
@@ -54,11 +55,14 @@ def serve(args) -> int:
     # OpInfo wraps random ops in a helper that saves and restores the RNG state, which
     # Dynamo does not trace; the runner seeds eager and compiled runs alike instead.
     cmi.wrapper_set_seed = lambda op, *args, **kwargs: op(*args, **kwargs)
-    op_db = cmi.op_db
-
-    ops = {op_name(op): op for op in op_db}
+    _record_lowerings()
     handler = _KilnLog()
     logging.getLogger("kiln").addHandler(handler)
+    return {op_name(op): op for op in cmi.op_db}, handler
+
+
+def serve(args) -> int:
+    ops, handler = prepare()
     warnings.filterwarnings("ignore")
     signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(_Timeout()))
     for line in sys.stdin:
@@ -83,6 +87,24 @@ def _result(cls: str, samples: int, detail: str, fallbacks: dict) -> dict:
     return {"class": cls, "samples": samples, "detail": detail, "fallbacks": fallbacks}
 
 
+LOOKED_UP: set[str] = set()  # ATen ops the importer found a lowering for, this job
+
+
+def _record_lowerings() -> None:
+    """Note which lowerings a job reaches, so that a CI subset can cover all of them."""
+    from kiln.frontend import importer
+
+    lookup = importer.lookup
+
+    def recording_lookup(target):
+        fn = lookup(target)
+        if fn is not None:
+            LOOKED_UP.add(str(target))
+        return fn
+
+    importer.lookup = recording_lookup
+
+
 def pick_dtype(op, key: str) -> torch.dtype | None:
     supported = op.supported_dtypes("cpu")
     if key == "int":
@@ -100,6 +122,7 @@ def run_op(op, name: str, dtype_key: str, max_samples: int, handler: _KilnLog) -
     except Exception as e:  # noqa: BLE001 - the OpInfo itself failed
         return _result("skipped", 0, f"sample_inputs failed: {type(e).__name__}: {e}", {})
     worst, detail, fallbacks, ran = "native pass", "", {}, 0
+    LOOKED_UP.clear()
     for k, sample in enumerate(samples):
         outcome = run_sample(op.op, sample, dtype, name in UNDEFINED_VALUES, handler)
         if outcome is None:
@@ -111,7 +134,9 @@ def run_op(op, name: str, dtype_key: str, max_samples: int, handler: _KilnLog) -
             worst, detail = cls, f"sample {k} ({_describe(sample)}): {why}"
     if ran == 0:
         return _result("eager fails", 0, "", {})
-    return _result(worst, ran, detail, fallbacks)
+    result = _result(worst, ran, detail, fallbacks)
+    result["lowered"] = sorted(LOOKED_UP - set(fallbacks))
+    return result
 
 
 def _describe(sample) -> str:
