@@ -37,10 +37,10 @@ def run(variant: str, base, batches, steps: int):
     torch._dynamo.reset()
     if variant == "inductor":
         fwd = torch.compile(model)
-    elif variant == "kiln":
+    elif variant.startswith("kiln"):
         import kiln
 
-        fwd = kiln.compile(model)
+        fwd = kiln.compile(model, mode="max-autotune" if variant == "kiln-autotune" else "default")
     else:
         fwd = model
 

@@ -61,15 +61,15 @@ def test_kernel_ir_of_an_element_wise_kernel():
     _, kernels = plan(lambda x, y: torch.relu(x + y), torch.randn(4, 8), torch.randn(4, 8))
     (kernel,) = kernels
     assert kernel_str(kernel) == golden("""
-        kernel kernel0(arg0: f32, arg1: f32, out buf4: f32)
+        kernel kernel0(in0: f32, in1: f32, out out0: f32)
           outer: x0 < 4, x1 < 8
           stage 0 (loop):
-            t1 = load arg0[8 * x0 + x1]
-            t2 = load arg1[8 * x0 + x1]
+            t1 = load in0[8 * x0 + x1]
+            t2 = load in1[8 * x0 + x1]
             t3 = add(t1, t2) : f32
             t4 = const 0.0 : f32
             t5 = maximum(t3, t4) : f32
-            store buf4[8 * x0 + x1] = t5
+            store out0[8 * x0 + x1] = t5
     """)
 
 
@@ -78,13 +78,13 @@ def test_kernel_ir_of_a_row_reduction_names_its_stages():
     (kernel,) = kernels
     text = kernel_str(kernel)
     assert text.startswith(golden("""
-        kernel kernel0(arg0: f32, out buf1: f32)
+        kernel kernel0(in0: f32, out out0: f32)
           outer: x0 < 4
           reduce: r0 < 8
     """))
-    assert "t1 = load arg0[r0 + 8 * x0]" in text
+    assert "t1 = load in0[r0 + 8 * x0]" in text
     assert "= reduce.sum(t1)" in text and "stage 1 (row):" in text
-    assert text.rstrip().endswith("store buf1[x0] = t2")
+    assert text.rstrip().endswith("store out0[x0] = t2")
 
 
 def test_printing_is_stable_across_runs():

@@ -314,24 +314,22 @@ class _Renderer:
 
     def _tile_reduce(self, kind: str, tile: str, t: torch.dtype) -> str:
         if kind == "prod":
-            return f"tl.reduce({tile}, 1, km_mul)[:, None]"
+            return f"km.prod({tile})[:, None]"
         if kind == "any":
             return f"(tl.max({tile}.to(tl.int32), 1)[:, None] > 0)"
         if kind == "all":
             return f"(tl.min({tile}.to(tl.int32), 1)[:, None] > 0)"
         if kind in ("max", "min") and t.is_floating_point:  # NaN wins, as in eager
-            return f"tl.reduce({tile}, 1, km.{kind}imum_nan)[:, None]"
+            return f"km.{kind}_nan({tile})[:, None]"
         return f"tl.{kind}({tile}, 1)[:, None]"
 
     def _arg_reduce(self, s: k.Reduce, depth: int, t: torch.dtype) -> None:
-        """(value, position) pairs combined by km.argmax/argmin_combine: the first extreme
-        value wins and NaN counts as extreme, as in eager. A row loop combines per lane and
-        reduces the lanes after the loop."""
+        """The first position of the extreme value, NaN counting as extreme (as in eager).
+        A row loop combines (value, position) per lane and reduces the lanes after it."""
         key = f"tl.where(xmask & rmask, {s.value}, {_identity(s.kind, t)})"
         pos = f"({render_index(s.index)}) + tl.zeros([XBLOCK, RBLOCK], tl.int64)"
         if self.persistent:
-            self.emit(depth, f"_, {s.out} = tl.reduce(({key}, {pos}), 1, km.{s.kind}_combine)")
-            self.emit(depth, f"{s.out} = {s.out}[:, None]")
+            self.emit(depth, f"{s.out} = km.{s.kind}({key}, {pos})[:, None]")
         else:
             self.emit(depth, f"{s.out}_best, {s.out}_idx = km.{s.kind}_combine("
                              f"{s.out}_best, {s.out}_idx, {key}, {pos})")
@@ -350,8 +348,7 @@ class _Renderer:
         for r in reductions:
             t = compute_dtype(r.dtype)
             if r.kind in ("argmax", "argmin"):
-                self.emit(depth, f"_, {r.out} = tl.reduce(({r.out}_best, {r.out}_idx), 1, km.{r.kind}_combine)")
-                self.emit(depth, f"{r.out} = {r.out}[:, None]")
+                self.emit(depth, f"{r.out} = km.{r.kind}({r.out}_best, {r.out}_idx)[:, None]")
             else:
                 self.emit(depth, f"{r.out} = {self._tile_reduce(r.kind, r.out + '_acc', t)}")
 
@@ -432,11 +429,6 @@ def _needs_int64(kernel: k.Kernel) -> bool:
 HEADER = """import triton
 import triton.language as tl
 from kiln.codegen import triton_math as km
-
-
-@triton.jit
-def km_mul(a, b):
-    return a * b
 """
 
 
@@ -455,11 +447,10 @@ def column_reduction(kernel: k.Kernel) -> bool:
     if not kernel.reduce or not kernel.outer:
         return False
     x, r = kernel.outer[-1], kernel.reduce[-1]
-    for st in kernel.stages:
-        for s in st.body:
-            if isinstance(s, k.Load) and s.index.coef(x) == 1 and s.index.coef(r) != 1:
-                return True
-    return False
+    loads = [s.index for st in kernel.stages for s in st.body if isinstance(s, k.Load)]
+    along_rows = any(i.coef(r) == 1 for i in loads)
+    across_rows = any(i.coef(x) == 1 and i.coef(r) > 1 for i in loads)
+    return across_rows and not along_rows
 
 
 def is_persistent(kernel: k.Kernel) -> bool:

@@ -282,3 +282,73 @@ def floordiv_fp(a, b):
     quotient = a / b
     fl = tl.where(div == 0, copysign(tl.zeros_like(div), quotient), fl)
     return tl.where(b == 0, quotient, fl)
+
+
+# ------------------------------------------------------------------ row reductions
+# A tile [X, R] reduced along its rows (axis 1) to [X]. On the GPU each is one tl.reduce.
+# The interpreter runs a custom combine element by element in Python (seconds for one
+# tile), so there they are composed of its vectorized reductions.
+if not INTERPRETED:
+
+    @triton.jit
+    def max_nan(x):
+        return tl.reduce(x, 1, maximum_nan)
+
+    @triton.jit
+    def min_nan(x):
+        return tl.reduce(x, 1, minimum_nan)
+
+    @triton.jit
+    def argmax(v, i):
+        _, at = tl.reduce((v, i), 1, argmax_combine)
+        return at
+
+    @triton.jit
+    def argmin(v, i):
+        _, at = tl.reduce((v, i), 1, argmin_combine)
+        return at
+
+    @triton.jit
+    def _mul(a, b):
+        return a * b
+
+    @triton.jit
+    def prod(x):
+        return tl.reduce(x, 1, _mul)
+
+else:
+
+    @triton.jit
+    def _any_nan(x):
+        return tl.max((x != x).to(tl.int32), 1) > 0
+
+    @triton.jit
+    def max_nan(x):
+        return tl.where(_any_nan(x), float("nan"), tl.max(x, 1))
+
+    @triton.jit
+    def min_nan(x):
+        return tl.where(_any_nan(x), float("nan"), tl.min(x, 1))
+
+    @triton.jit
+    def _first_at(v, i, best):
+        """The first position of NaN, else of best (the interpreter's max ignores NaN)."""
+        nan_at = tl.min(tl.where(v != v, i, 9223372036854775807), 1)
+        at = tl.min(tl.where(v == best[:, None], i, 9223372036854775807), 1)
+        return tl.where(nan_at < 9223372036854775807, nan_at, at)
+
+    @triton.jit
+    def argmax(v, i):
+        return _first_at(v, i, tl.max(v, 1))
+
+    @triton.jit
+    def argmin(v, i):
+        return _first_at(v, i, tl.min(v, 1))
+
+    @triton.jit
+    def prod(x):
+        # pairwise halving: the row length is a power of two
+        while x.shape[1] > 1:
+            a, b = tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
+            x = a * b
+        return tl.reshape(x, [x.shape[0]])

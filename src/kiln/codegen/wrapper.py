@@ -55,11 +55,17 @@ def _extern_call(node: Node, argnames: list[str], g: dict[str, Any]) -> str:
     return f"{fname}({', '.join(parts)})"
 
 
-def _restride(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
-    """An ATen result in the layout kernels were compiled for (copying only if it differs)."""
-    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+def _restride(t: torch.Tensor, stride: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An ATen result in the layout (and dtype: some ATen kernels return another dtype than
+    their meta function says) kernels were compiled for (copying only if it differs)."""
+    out = torch.empty_strided(t.shape, stride, dtype=dtype or t.dtype, device=t.device)
     out.copy_(t)
     return out
+
+
+def _checked_layout(name: str, stride: tuple, dtype: torch.dtype) -> str:
+    return (f"    if {name}.stride() != {stride} or {name}.dtype != {dtype}: "
+            f"{name} = restride({name}, {stride}, {dtype})")
 
 
 def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_names: dict[Node, str],
@@ -112,7 +118,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                 alloc(root)
             if kern.outer_numel > 0:  # an empty output needs no kernel
                 g[kern.name] = None  # filled in with the compiled function
-                ptrs = ", ".join(f"{p.name}.data_ptr()" if pass_pointers else p.name for p in kern.params)
+                ptrs = ", ".join(f"{a}.data_ptr()" if pass_pointers else a for a in kern.args)
                 lines.append(f"    {kern.name}({ptrs})")
         elif step.op is Op.EXTERN:
             argnames = []
@@ -129,13 +135,13 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             lines.append(f"    {name} = {_extern_call(step, argnames, g)}")
             if step.attrs[5] and step in layout_checked:
                 stride = layouts(step)
-                lines.append(f"    if {name}.stride() != {stride}: {name} = restride({name}, {stride})")
+                lines.append(_checked_layout(name, stride, step.dtype))
         elif step.op is Op.ITEM:
             name = buffer_names[step]
             lines.append(f"    {name} = {buffer_names[step.inputs[0]]}[{step.attrs[0]}]")
             if step in layout_checked:
                 stride = layouts(step)
-                lines.append(f"    if {name}.stride() != {stride}: {name} = restride({name}, {stride})")
+                lines.append(_checked_layout(name, stride, step.dtype))
         # release what this step read for the last time
         for r in sorted(reads_by_step[k], key=lambda n: n.id):
             if last_use.get(r) == k and r not in outputs and r.op not in (Op.INPUT,):
@@ -195,7 +201,7 @@ def _step_reads(step, schedule: Schedule, kernels, buffer_names) -> set[Node]:
     if isinstance(step, KernelPlan):
         kern = kernels[id(step)]
         by_name = {v: n for n, v in buffer_names.items()}
-        return {by_name[p.name] for p in kern.params if not p.is_output}
+        return {by_name[a] for a, p in zip(kern.args, kern.params) if not p.is_output}
     reads = set()
     for i in step.inputs:
         reads.add(schedule.aliases[i].base if i in schedule.aliases else i)

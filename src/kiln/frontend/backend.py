@@ -13,7 +13,7 @@ from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from kiln.codegen.backends import get_backend, resolve_target, target_problem
-from kiln.frontend.decompositions import decomposition_table
+from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.options import Options, env_debug
 
 log = logging.getLogger("kiln")
@@ -75,6 +75,10 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
 def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options | None = None) -> Callable:
     """torch.compile(model, backend="kiln")."""
     options = options or Options()
+    eager_only = eager_only_reason(gm)
+    if eager_only:
+        log.warning("kiln: graph runs in eager PyTorch by design: %s", eager_only)
+        return gm.forward
 
     def compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
         return compile_aten_graph(g, inputs, options)

@@ -49,3 +49,23 @@ def decomposition_table() -> dict:
     for op in KEEP:
         table.pop(op, None)
     return table
+
+
+# PyTorch decomposes these interpolations inside autograd itself (whatever table we pass);
+# on integer images the decomposition rounds differently from eager's fixed-point kernels.
+_INTERPOLATIONS = {"interpolate", "upsample", "upsample_bilinear", "upsample_bilinear2d", "upsample_bicubic2d",
+                   "upsample_linear1d", "upsample_trilinear3d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"}
+_SMOOTH_MODES = ("linear", "bilinear", "bicubic", "trilinear")
+
+
+def eager_only_reason(gm) -> str | None:
+    """Why a Dynamo graph must run in eager PyTorch to match it, or None."""
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or getattr(n.target, "__name__", "") not in _INTERPOLATIONS or not n.args:
+            continue
+        x = getattr(n.args[0], "meta", {}).get("example_value")
+        mode = n.kwargs.get("mode", n.args[3] if len(n.args) > 3 and n.target.__name__ == "interpolate" else None)
+        smooth = n.target.__name__ != "interpolate" and n.target.__name__ != "upsample" or mode in _SMOOTH_MODES
+        if isinstance(x, torch.Tensor) and not x.is_floating_point() and smooth:
+            return f"{n.target.__name__} of an integer tensor: no decomposition rounds like eager's kernel"
+    return None

@@ -110,9 +110,10 @@ class Kernel:
     name: str
     outer: tuple[Sym, ...]
     reduce: tuple[Sym, ...]
-    params: tuple[Param, ...]
+    params: tuple[Param, ...]  # named in0.., out0.. in order of first use
     stages: tuple[Stage, ...]
     scratch: tuple[Scratch, ...] = ()
+    args: tuple[str, ...] = ()  # the host program's buffer passed for each param
 
     @property
     def outer_numel(self) -> int:

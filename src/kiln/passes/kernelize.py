@@ -8,6 +8,7 @@ stage), stored tensors become loads, and reductions become loop stages of their 
 from __future__ import annotations
 
 import torch
+from dataclasses import replace
 
 from kiln.ir import index as ix
 from kiln.ir import kernel as k
@@ -265,9 +266,33 @@ class KernelEmitter:
             self.stages.append(k.Stage(False, tuple(row.body)))
         if final.body:
             self.stages.append(k.Stage(True, tuple(final.body)))
-        params = tuple(sorted(self.params.values(), key=lambda p: (p.is_output, p.name)))
         stages, scratch = _drop_unread_scratch(tuple(self.stages), tuple(self.scratch.values()))
-        return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch)
+        stages, params, args = _positional_params(stages, self.params)
+        return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch, args)
+
+
+def _positional_params(stages: tuple[k.Stage, ...], params: dict[str, k.Param]):
+    """Name parameters by position (in0.., out0..) in order of first use, so that kernels
+    computing the same thing on different buffers (the layers of a model) are the same
+    source, compiled once. Returns the renamed stages, the params and the host buffers."""
+    order: list[str] = []
+    for st in stages:
+        for s in st.body:
+            if isinstance(s, (k.Load, k.Store)) and s.buf in params and s.buf not in order:
+                order.append(s.buf)
+    counts = {True: 0, False: 0}
+    rename: dict[str, str] = {}
+    for buf in order:
+        out = params[buf].is_output
+        rename[buf] = f"{'out' if out else 'in'}{counts[out]}"
+        counts[out] += 1
+    order.sort(key=lambda b: params[b].is_output)
+    new_stages = tuple(
+        k.Stage(st.loop, tuple(replace(s, buf=rename[s.buf]) if isinstance(s, (k.Load, k.Store)) and s.buf in rename
+                               else s for s in st.body))
+        for st in stages)
+    new_params = tuple(k.Param(rename[b], params[b].dtype, params[b].is_output) for b in order)
+    return new_stages, new_params, tuple(order)
 
 
 def _drop_unread_scratch(stages: tuple[k.Stage, ...], scratch: tuple[k.Scratch, ...]):

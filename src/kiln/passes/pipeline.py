@@ -14,6 +14,7 @@ Every pass appends a PassRecord (what it did, how long it took) to the report th
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -98,18 +99,18 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], backend: Backen
     with _Timer(report, "fuse+kernelize") as t:
         sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend)
         report.decisions = sched.decisions
-        report.kernels = list(kernels.values())
+        report.kernels = list({k.name: k for k in kernels.values()}.values())  # distinct kernels
         externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
         t.summary = f"{len(kernels)} kernels, {externs} ATen calls"
     with _Timer(report, "codegen") as t:
         names = buffer_names_for(graph, sched.stored)
-        report.sources = {kern.name: backend.render(kern) for kern in kernels.values()}
+        report.sources = {kern.name: backend.render(kern) for kern in report.kernels}
         device = _device_of(example_inputs)
         host = build_host_program(sched, kernels, names, layouts, device, backend.pass_pointers)
         report.host_source = host.source
         t.summary = f"{sum(len(s) for s in report.sources.values())} bytes of {backend.language}"
     with _Timer(report, "build") as t:
-        kern_list = list(kernels.values())
+        kern_list = report.kernels
         launchers, report.cache_hits = backend.build(kern_list, [report.sources[k.name] for k in kern_list])
         for kern, launch in zip(kern_list, launchers):
             host.globals[kern.name] = launch
@@ -133,14 +134,26 @@ def _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend: Bac
         try:
             for step in sched.steps:
                 if isinstance(step, KernelPlan):
-                    kernels[id(step)] = emit_kernel(f"kernel{len(kernels)}", step, names, layouts,
+                    kernels[id(step)] = emit_kernel("kernel", step, names, layouts,
                                                     backend.row_scratch_limit, backend.keep_loaded_rows)
-            return sched, kernels
+            return sched, _name_by_content(kernels)
         except FusionMismatch as e:
             if e.node in sched.stored:  # storing it again would change nothing
                 raise RuntimeError(f"kernelize: {e.reason}") from e
             stored = dict(sched.stored)
             stored[e.node] = e.reason
+
+
+def _name_by_content(kernels: dict[int, Kernel]) -> dict[int, Kernel]:
+    """kernel0, kernel1, ... in order of first appearance; kernels with the same text
+    (the same computation on other buffers) share a name and are built once."""
+    names: dict[str, str] = {}
+    out = {}
+    for key, kern in kernels.items():
+        text = kernel_str(kern)
+        name = names.setdefault(text, f"kernel{len(names)}")
+        out[key] = dataclasses.replace(kern, name=name)
+    return out
 
 
 def kernels_text(report: CompileReport) -> str:

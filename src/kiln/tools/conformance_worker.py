@@ -220,6 +220,7 @@ def run_sample(fn, sample, dtype, values_undefined: bool, handler: _KilnLog):
         return "crash", _short(e), {}
     reports = REPORTS[before:]
     fallbacks = {op: reason for r in reports for op, reason in r.fallbacks.items()}
+    fallbacks.update({"(whole graph)": m for m in handler.messages if "by design" in m})
     problem = _kiln_problem(handler.messages, call, tensors)
     if problem:
         return problem[0], problem[1], fallbacks
@@ -235,6 +236,8 @@ def run_sample(fn, sample, dtype, values_undefined: bool, handler: _KilnLog):
 
 def _kiln_problem(messages: list[str], call, tensors):
     for m in messages:
+        if "by design" in m:
+            continue
         if "graph runs in ATen" in m or ("lowering of" in m and "failed" in m):
             return "crash", m[:400]
         if "AOTAutograd failed" in m:

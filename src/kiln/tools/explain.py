@@ -12,11 +12,11 @@ from kiln.passes.pipeline import CompileReport
 
 
 def kernel_summary(k) -> str:
-    from kiln.ir.kernel import Reduce, Store
+    from kiln.ir.kernel import Reduce
 
-    stores = [s.buf for st in k.stages for s in st.body if isinstance(s, Store)]
     reductions = [s.kind for st in k.stages for s in st.body if isinstance(s, Reduce)]
-    reads = [p.name for p in k.params if not p.is_output]
+    reads = [a for a, p in zip(k.args, k.params) if not p.is_output]
+    stores = [a for a, p in zip(k.args, k.params) if p.is_output]
     dims = "x".join(str(s.extent) for s in k.outer) or "1"
     if k.reduce:
         dims += " rows of " + "x".join(str(s.extent) for s in k.reduce)
