@@ -61,11 +61,14 @@ _SMOOTH_MODES = ("linear", "bilinear", "bicubic", "trilinear")
 def eager_only_reason(gm) -> str | None:
     """Why a Dynamo graph must run in eager PyTorch to match it, or None."""
     for n in gm.graph.nodes:
-        if n.op != "call_function" or getattr(n.target, "__name__", "") not in _INTERPOLATIONS or not n.args:
+        name = getattr(n.target, "__name__", "")
+        if n.op != "call_function" or name not in _INTERPOLATIONS or not n.args:
             continue
+        if name in ("interpolate", "upsample"):  # nearest modes index, they do not round
+            mode = n.kwargs.get("mode", n.args[3] if len(n.args) > 3 else "nearest")
+            if mode not in _SMOOTH_MODES:
+                continue
         x = getattr(n.args[0], "meta", {}).get("example_value")
-        mode = n.kwargs.get("mode", n.args[3] if len(n.args) > 3 and n.target.__name__ == "interpolate" else None)
-        smooth = n.target.__name__ != "interpolate" and n.target.__name__ != "upsample" or mode in _SMOOTH_MODES
-        if isinstance(x, torch.Tensor) and not x.is_floating_point() and smooth:
-            return f"{n.target.__name__} of an integer tensor: no decomposition rounds like eager's kernel"
+        if isinstance(x, torch.Tensor) and not x.is_floating_point():
+            return f"{name} of an integer tensor: no decomposition rounds like eager's kernel"
     return None

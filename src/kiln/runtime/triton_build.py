@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from kiln.ir.kernel import Kernel
@@ -61,6 +62,37 @@ def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
     return launch
 
 
+# Triton compiles holding the GIL: a graph's kernels compile in parallel only in other
+# processes. Workers compile into Triton's on-disk cache, which this process then reads.
+_WORKERS = None
+PARALLEL_MIN_JOBS = 4
+
+
+def _warm(path: str, name: str, dtypes: list, config: tuple[int, int, int]) -> None:
+    """In a worker: compile one kernel for one launch configuration (into Triton's cache)."""
+    spec = importlib.util.spec_from_file_location(f"kiln_worker_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    xblock, rblock, warps = config
+    getattr(module, name).warmup(*dtypes, grid=(1,), XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
+
+
+def _precompile_in_workers(jobs: list[tuple[str, str, list, tuple[int, int, int]]]) -> None:
+    global _WORKERS
+    if len(jobs) < PARALLEL_MIN_JOBS or (os.cpu_count() or 1) < 4:
+        return
+    try:
+        if _WORKERS is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            _WORKERS = ProcessPoolExecutor(max_workers=min(16, (os.cpu_count() or 2) - 1),
+                                           mp_context=multiprocessing.get_context("spawn"))
+        list(_WORKERS.map(_warm, *zip(*jobs)))
+    except Exception:  # noqa: BLE001 - this process compiles whatever is missing
+        pass
+
+
 def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[TritonBuild]:
     """Load every kernel; on a GPU, compile its launch configurations (the heuristic's, or
     with autotune every candidate) for aligned pointers of the kernel's dtypes, submitted
@@ -77,13 +109,16 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
 
     from triton.runtime._async_compile import AsyncCompileMode
 
+    configs = [candidate_configs(kernel) if autotune else [launch_config(kernel, False)] for kernel, _ in jobs]
+    _precompile_in_workers([(str(path), kernel.name, [p.dtype for p in kernel.params], c)
+                            for (kernel, _), (_, path, _), cs in zip(jobs, loaded, configs) for c in cs])
     pending: list[dict] = []
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         with AsyncCompileMode(pool):
-            for (kernel, _), (jit_fn, _, _) in zip(jobs, loaded):
+            for (kernel, _), (jit_fn, _, _), cs in zip(jobs, loaded, configs):
                 dtypes = [p.dtype for p in kernel.params]
                 pending.append({c: jit_fn.warmup(*dtypes, grid=(1,), XBLOCK=c[0], RBLOCK=c[1], num_warps=c[2])
-                                for c in (candidate_configs(kernel) if autotune else [launch_config(kernel, False)])})
+                                for c in cs})
     builds = []
     for (kernel, _), (jit_fn, path, cached), variants in zip(jobs, loaded, pending):
         variants = {c: (v.result() if hasattr(v, "result") else v) for c, v in variants.items()}
