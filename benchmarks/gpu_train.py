@@ -84,6 +84,11 @@ def main() -> int:
         results[variant] = r = run(variant, base, batches, args.steps)
         print(f"{variant}: {tokens / r['step']:.0f} tokens/s, step {r['step'] * 1e3:.1f} ms, first step "
               f"{r['first']:.1f} s, peak {r['peak']:.1f} GiB, losses {['%.4f' % x for x in r['losses']]}", flush=True)
+    if "kiln-autotune" in results:
+        sys.argv = ["tune_report", os.environ["KILN_CACHE_DIR"]]
+        from benchmarks import tune_report
+
+        tune_report.main()
     eager = results.get("eager")
     print("\n| variant | tokens/s | step ms | vs eager | first step (compile) s | peak GiB | loss step 1..3 |")
     print("|---|---|---|---|---|---|---|")
