@@ -463,15 +463,15 @@ def is_persistent(kernel: k.Kernel) -> bool:
 
 def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     """(XBLOCK, RBLOCK, num_warps): a small heuristic; the interpreter wants few programs."""
+    # defaults measured on the H200 (GPT-2 training kernels, benchmarks/tune_report.py)
     if not kernel.reduce:
-        xblock = 1024 if not interpreted else next_pow2(min(kernel.outer_numel, 4096))
+        xblock = 512 if not interpreted else next_pow2(min(kernel.outer_numel, 4096))
         return max(xblock, 1), 1, 4
     rnumel = kernel.reduce_numel
     if is_persistent(kernel):
         rblock = next_pow2(rnumel)
     elif column_reduction(kernel):
-        rblock = min(64, next_pow2(rnumel))
-        return min(64, next_pow2(kernel.outer_numel)), rblock, 4
+        return min(32, next_pow2(kernel.outer_numel)), min(128, next_pow2(rnumel)), 8
     else:
         rblock = 2048
     if interpreted:

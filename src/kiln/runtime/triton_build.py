@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from kiln.ir.kernel import Kernel
@@ -62,42 +61,12 @@ def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
     return launch
 
 
-# Triton compiles holding the GIL: a graph's kernels compile in parallel only in other
-# processes. Workers compile into Triton's on-disk cache, which this process then reads.
-_WORKERS = None
-PARALLEL_MIN_JOBS = 4
-
-
-def _warm(path: str, name: str, dtypes: list, config: tuple[int, int, int]) -> None:
-    """In a worker: compile one kernel for one launch configuration (into Triton's cache)."""
-    spec = importlib.util.spec_from_file_location(f"kiln_worker_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    xblock, rblock, warps = config
-    getattr(module, name).warmup(*dtypes, grid=(1,), XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
-
-
-def _precompile_in_workers(jobs: list[tuple[str, str, list, tuple[int, int, int]]]) -> None:
-    global _WORKERS
-    if len(jobs) < PARALLEL_MIN_JOBS or (os.cpu_count() or 1) < 4:
-        return
-    try:
-        if _WORKERS is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            _WORKERS = ProcessPoolExecutor(max_workers=min(16, (os.cpu_count() or 2) - 1),
-                                           mp_context=multiprocessing.get_context("spawn"))
-        list(_WORKERS.map(_warm, *zip(*jobs)))
-    except Exception:  # noqa: BLE001 - this process compiles whatever is missing
-        pass
-
-
 def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[TritonBuild]:
     """Load every kernel; on a GPU, compile its launch configurations (the heuristic's, or
     with autotune every candidate) for aligned pointers of the kernel's dtypes, submitted
-    together to Triton's asynchronous compile mode. With several candidates the first
-    launch picks the fastest (runtime/autotune)."""
+    together to Triton's asynchronous compile mode (on threads: Triton 3.6 holds the GIL
+    for most of a compile, so they overlap little; parallel compile across processes is
+    still to do). With several candidates the first launch picks the fastest."""
     from kiln.codegen.triton import candidate_configs, launch_config
     from kiln.runtime.autotune import TunedLauncher
 
@@ -110,8 +79,6 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
     from triton.runtime._async_compile import AsyncCompileMode
 
     configs = [candidate_configs(kernel) if autotune else [launch_config(kernel, False)] for kernel, _ in jobs]
-    _precompile_in_workers([(str(path), kernel.name, [p.dtype for p in kernel.params], c)
-                            for (kernel, _), (_, path, _), cs in zip(jobs, loaded, configs) for c in cs])
     pending: list[dict] = []
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         with AsyncCompileMode(pool):
