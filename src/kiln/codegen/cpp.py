@@ -85,12 +85,6 @@ _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!="
           "bitwise_xor": "^"}
 
 
-# bf16/f16 values are computed in float32 and rounded after each op, as eager rounds them:
-# skipping it would let a tiny difference flip a comparison, a floor or a cast to int.
-# These ops are exact on values of the type already.
-_EXACT_IN_TYPE = frozenset("neg abs maximum minimum where sign cast floor ceil round trunc".split())
-
-
 def _round_to(expr: str, dtype: torch.dtype) -> str:
     if dtype is torch.bfloat16:
         return f"kiln_round_bf16({expr})"
@@ -100,8 +94,10 @@ def _round_to(expr: str, dtype: torch.dtype) -> str:
 
 
 def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
+    # bf16/f16 results are rounded after each op, as eager rounds them: skipping it would
+    # let a tiny difference flip a comparison, a floor or a cast to int
     expr = _render_compute(s, arg_types)
-    return expr if s.fn in _EXACT_IN_TYPE else _round_to(expr, s.dtype)
+    return _round_to(expr, s.dtype) if k.rounds_result(s) else expr
 
 
 def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:

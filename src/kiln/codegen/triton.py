@@ -81,11 +81,6 @@ _KM_UNARY = {"tanh", "log1p", "expm1", "erfc", "tan", "sinh", "cosh", "asinh", "
              "asin", "acos", "atan", "log10"}
 
 
-# bf16/f16 results are rounded to their dtype after each op, as eager rounds them (the
-# kernel IR's rule); these ops are exact on values of the type already.
-_EXACT_IN_TYPE = frozenset("neg abs maximum minimum where sign cast floor ceil round trunc".split())
-
-
 def _round_to(expr: str, dtype: torch.dtype) -> str:
     if dtype is torch.bfloat16:
         return f"km.round_bf16({expr})"
@@ -95,8 +90,8 @@ def _round_to(expr: str, dtype: torch.dtype) -> str:
 
 
 def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
-    expr = _render_compute(s, arg_types)
-    return expr if s.fn in _EXACT_IN_TYPE else _round_to(expr, s.dtype)
+    expr = _render_compute(s, arg_types)  # rounded as the kernel IR's rule says
+    return _round_to(expr, s.dtype) if k.rounds_result(s) else expr
 
 
 def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:

@@ -134,6 +134,15 @@ class Kernel:
         return any(isinstance(s, Reduce) for st in self.stages for s in st.body)
 
 
+# Functions exact on bf16/f16 values: their results need no rounding back to the dtype.
+EXACT_IN_LOW_PRECISION = frozenset("neg abs maximum minimum where sign cast floor ceil round trunc".split())
+
+
+def rounds_result(s: Compute) -> bool:
+    """Whether a renderer must round this result to its bf16/f16 dtype (the rule above)."""
+    return s.dtype in (torch.bfloat16, torch.float16) and s.fn not in EXACT_IN_LOW_PRECISION
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The type a value is held in while computing: low-precision floats widen to float32."""
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype

@@ -107,8 +107,9 @@ def _store_base_of_view(n: Node, stored: dict[Node, str], aliases: dict[Node, Al
     return True
 
 
-def _reachable_reductions(root: Node, stored: dict[Node, str]) -> list[Node]:
-    """Reductions a kernel storing root would compute (not crossing stored tensors)."""
+def reductions_below(root: Node, stored, nested: bool = False) -> list[Node]:
+    """Reductions an expression computes (not crossing stored tensors), in graph order;
+    with nested, also those inside other reductions' inputs."""
     found, seen, stack = [], set(), list(root.inputs)
     while stack:
         n = stack.pop()
@@ -117,7 +118,8 @@ def _reachable_reductions(root: Node, stored: dict[Node, str]) -> list[Node]:
         seen.add(n)
         if n.op is Op.REDUCE:
             found.append(n)
-            continue
+            if not nested:
+                continue
         stack.extend(n.inputs)
     return sorted(found, key=lambda n: n.id)
 
@@ -141,7 +143,7 @@ def _required_buffers(plan: KernelPlan, stored: dict[Node, str]) -> set[Node]:
 def _domain(root: Node, stored: dict[Node, str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if root.op is Op.REDUCE:
         return root.inputs[0].shape, root.attrs[1]
-    reductions = _reachable_reductions(root, stored)
+    reductions = reductions_below(root, stored)
     for r in reductions:
         if r.inputs[0].shape == root.shape:
             return root.shape, r.attrs[1]
@@ -206,7 +208,7 @@ def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
             if n not in stored or n.op in MATERIALIZED:
                 continue
             iter_shape, axes = _domain(n, stored)
-            for r in _reachable_reductions(n, stored):
+            for r in reductions_below(n, stored):
                 if r.inputs[0].shape != iter_shape or r.attrs[1] != axes:
                     stored[r] = f"its consumer {_label(n)} iterates {list(iter_shape)} over axes {list(axes)}"
                     changed = True

@@ -15,7 +15,7 @@ from kiln.ir import kernel as k
 from kiln.ir.index import Expr, Sym
 from kiln.ir.kernel import compute_dtype
 from kiln.ir.tensor import Node, Op, dim_syms, value_sym
-from kiln.passes.fusion import FusionMismatch, KernelPlan
+from kiln.passes.fusion import FusionMismatch, KernelPlan, reductions_below
 
 
 class _StageBuilder:
@@ -246,7 +246,7 @@ class KernelEmitter:
                 row_stores.append(root)
                 continue
             # Reductions first, so that values they keep in row arrays are read, not recomputed.
-            for r in _reductions_below(root, self.buffer_names):
+            for r in reductions_below(root, self.buffer_names, nested=True):
                 if r not in self.row_values:
                     self._reduction(r, self._row_index())
             self.stack.append(final)
@@ -255,7 +255,8 @@ class KernelEmitter:
             final.body.append(k.Store(self._param(root, True), self._linear(root, self._iter_index()), v, root.dtype))
         for root in row_stores:
             index = self._row_index() if root.op is Op.REDUCE else self._row_index_of(root)
-            for r in _reductions_below(root, self.buffer_names) if root.op is not Op.REDUCE else [root]:
+            needed = [root] if root.op is Op.REDUCE else reductions_below(root, self.buffer_names, nested=True)
+            for r in needed:
                 if r not in self.row_values:
                     self._reduction(r, self._row_index())
             row = _StageBuilder(loop=False)
@@ -304,20 +305,6 @@ def _drop_unread_scratch(stages: tuple[k.Stage, ...], scratch: tuple[k.Scratch, 
     stages = tuple(k.Stage(st.loop, tuple(s for s in st.body if not (isinstance(s, k.Store) and s.buf in unread)))
                    for st in stages)
     return stages, tuple(sc for sc in scratch if sc.name not in unread)
-
-
-def _reductions_below(root: Node, stored) -> list[Node]:
-    """Reductions an expression reads (without crossing stored tensors), inner ones first."""
-    found, seen, stack = [], set(), list(root.inputs)
-    while stack:
-        n = stack.pop()
-        if n in seen or n in stored:
-            continue
-        seen.add(n)
-        if n.op is Op.REDUCE:
-            found.append(n)
-        stack.extend(n.inputs)
-    return sorted(found, key=lambda n: n.id)
 
 
 def emit_kernel(name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts,
