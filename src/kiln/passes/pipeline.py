@@ -4,9 +4,14 @@
     simplify    DCE + CSE (by rebuilding), constant folding, algebraic identities
     store       what must be a buffer: inputs, outputs, ATen results and arguments
     fuse        kernels: element-wise inlined, reductions fused into consumers, merges
-    kernelize   kernel IR for each kernel (a reduction read off its row is stored instead)
-    codegen     C++ source for each kernel, Python source for the host program
-    build       compile kernels in parallel (cached on disk), load them
+    kernelize   kernel IR for each kernel (a reduction read off its row is stored instead);
+                kernels with the same text share one name and one build
+    codegen     the backend's source for each kernel (C++ or Triton), Python source for the
+                host program
+    build       compile kernels (cached on disk by content), load them
+
+The backend (codegen/backends.py) is chosen by target and device; passes above codegen
+only read its capabilities.
 
 Every pass appends a PassRecord (what it did, how long it took) to the report that
 `kiln explain` prints.
