@@ -169,7 +169,9 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
     if fn == "fmod":
         return f"std::fmod({a[0]}, {a[1]})" if is_fp else f"kiln_fmod({a[0]}, {a[1]})"
     if fn == "pow":
-        return f"std::pow({a[0]}, {a[1]})" if is_fp else f"kiln_pow({a[0]}, {a[1]})"
+        if not is_fp:
+            return f"kiln_pow({a[0]}, {a[1]})"
+        return f"{'powf' if t is torch.float32 else 'pow'}({a[0]}, {a[1]})"  # powf has a SIMD variant
     if fn == "atan2":
         return f"std::atan2({a[0]}, {a[1]})"
     if fn == "copysign":

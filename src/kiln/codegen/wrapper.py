@@ -5,6 +5,7 @@ outputs with eager's sizes, strides and dtypes.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,6 +25,27 @@ class HostProgram:
         scope = dict(self.globals)
         exec(compile(self.source, "<kiln host program>", "exec"), scope)
         return scope["call"]
+
+
+def _may_alias_inputs(node: Node) -> bool:
+    """Whether an ATen call's result may share memory with its arguments (per its schema)."""
+    target = node.attrs[0] if node.op is Op.EXTERN else node.inputs[0].attrs[0]
+    schema = getattr(target, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
+def _arena(slots: list[tuple], device: torch.device) -> Callable[[], list]:
+    """Per-thread storage for the temporaries' slots, allocated on a thread's first call."""
+    local = threading.local()
+
+    def get() -> list:
+        storage = getattr(local, "slots", None)
+        if storage is None:
+            storage = local.slots = [torch.empty(max(extent, 1), dtype=dtype, device=device)
+                                     for dtype, extent in slots]
+        return storage
+
+    return get
 
 
 def _has_ref(a) -> bool:
@@ -89,26 +111,46 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
         reads_by_step.append(reads)
         for r in reads:
             last_use[r] = k
-    free: dict[tuple, list[str]] = {}
     # Kernels and strided views read ATen results with the strides PyTorch's shape functions
     # promise; a few ops return another layout at run time, so those results are checked.
     layout_checked = {r for k, step in enumerate(schedule.steps) if isinstance(step, KernelPlan)
                        for r in reads_by_step[k]}
     layout_checked |= {a.base for a in schedule.aliases.values()}
-    # An ATen op may return a view of its argument: such memory is never handed out again.
-    extern_read = {r for k, step in enumerate(schedule.steps) if not isinstance(step, KernelPlan)
-                   for r in reads_by_step[k]}
+    # An ATen op that may return a view of its argument keeps that memory alive: it is never
+    # handed out again.
+    extern_aliased = {r for k, step in enumerate(schedule.steps) if not isinstance(step, KernelPlan)
+                      and _may_alias_inputs(step) for r in reads_by_step[k]}
+    # Temporaries (kernel outputs nobody keeps) live in slots: a dead one's slot is reused by
+    # the next of the same size. On the CPU the slots themselves persist across calls (one
+    # set per thread), so temporaries cost no allocation and no page faults.
+    slots: list[tuple] = []
+    free_slots: dict[tuple, list[int]] = {}
+    slot_of: dict[Node, int] = {}
+    holder: dict[int, str] = {}
+    use_arena = device.type == "cpu"
 
     def alloc(node: Node) -> str:
         name = buffer_names[node]
         stride = layouts(node)
         key = (node.dtype, _extent(node.shape, stride))
-        if node not in outputs and free.get(key):
-            old = free[key].pop()
-            lines.append(f"    {name} = as_strided({old}, {node.shape}, {stride})  # reuses {old}")
+        if node in outputs or node in extern_aliased:
+            lines.append(f"    {name} = empty_strided({node.shape}, {stride}, dtype={node.dtype}, "
+                         f"device=device)")
+            return name
+        if free_slots.get(key):
+            slot = free_slots[key].pop()
+        else:
+            slot = len(slots)
+            slots.append(key)
+        slot_of[node] = slot
+        if use_arena:
+            lines.append(f"    {name} = as_strided(arena[{slot}], {node.shape}, {stride})")
+        elif slot in holder:
+            lines.append(f"    {name} = as_strided({holder[slot]}, {node.shape}, {stride})  # reuses {holder[slot]}")
         else:
             lines.append(f"    {name} = empty_strided({node.shape}, {stride}, dtype={node.dtype}, "
                          f"device=device)")
+        holder[slot] = name
         return name
 
     for k, step in enumerate(schedule.steps):
@@ -145,10 +187,10 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
         # release what this step read for the last time
         for r in sorted(reads_by_step[k], key=lambda n: n.id):
             if last_use.get(r) == k and r not in outputs and r.op not in (Op.INPUT,):
-                if r.op in (Op.EXTERN, Op.ITEM) or r in extern_read:
-                    lines.append(f"    del {buffer_names[r]}")
+                if r in slot_of:
+                    free_slots.setdefault(slots[slot_of[r]], []).append(slot_of[r])
                 else:
-                    free.setdefault((r.dtype, _extent(r.shape, layouts(r))), []).append(buffer_names[r])
+                    lines.append(f"    del {buffer_names[r]}")
     rets = []
     returned: set[Node] = set()
     fresh = graph.output_fresh or [False] * len(graph.outputs)
@@ -170,6 +212,9 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
         if isinstance(o, Node):
             returned.add(o)
     lines.append(f"    return [{', '.join(rets)}]")
+    if use_arena and slots:
+        g["arena_for_thread"] = _arena(slots, device)
+        lines.insert(lines.index("    args.clear()") + 1, "    arena = arena_for_thread()")
     return HostProgram("\n".join(lines) + "\n", g)
 
 

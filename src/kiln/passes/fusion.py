@@ -196,9 +196,41 @@ def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alia
     return stored, aliases, decisions
 
 
+# A value inlined into several consumers is recomputed by each. When computing it reads
+# this many stored tensors or more (a residual stream adding up every earlier layer's
+# output), storing it once moves fewer bytes than recomputing it everywhere.
+RECOMPUTE_READ_LIMIT = 3
+
+
+def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> None:
+    kernels_reading: dict[Node, int] = {n: 0 for n in graph.nodes}
+    for root in graph.nodes:
+        if root in stored and root.op not in MATERIALIZED:
+            seen, stack = set(), list(root.inputs)
+            while stack:
+                n = stack.pop()
+                if n in seen or n in stored:
+                    continue
+                seen.add(n)
+                kernels_reading[n] += 1
+                stack.extend(n.inputs)
+    reads: dict[Node, frozenset] = {}
+    for n in graph.nodes:
+        if n in stored:
+            reads[n] = frozenset((n,))
+            continue
+        reads[n] = frozenset().union(*(reads[i] for i in n.inputs)) if n.inputs else frozenset()
+        if (n.op in (Op.POINTWISE, Op.GATHER) and kernels_reading[n] >= 2
+                and len(reads[n]) >= RECOMPUTE_READ_LIMIT):
+            stored[n] = (f"inlined into {kernels_reading[n]} kernels, each re-reading {len(reads[n])} "
+                         f"tensors: stored once instead")
+            reads[n] = frozenset((n,))
+
+
 def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
              decisions: list[Decision]) -> Schedule:
     """Kernels for every stored node that is computed, given the stored set so far."""
+    _store_widely_read(graph, stored)
     # Reductions that cannot run inside their consumers' kernels become stored; repeat
     # until every kernel's reductions fit its domain.
     changed = True

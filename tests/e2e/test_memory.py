@@ -1,0 +1,45 @@
+"""The host program's memory: temporaries reuse storage, never leak into outputs, and calls
+from several threads do not share them."""
+
+import threading
+
+import torch
+
+import kiln
+
+
+def _two_kernels_and_a_matmul(x, w):
+    h = torch.softmax(x * 2, -1)  # a temporary: read by the matmul only
+    return torch.tanh(h @ w) + 1
+
+
+def test_outputs_of_successive_calls_are_independent():
+    f = kiln.compile(_two_kernels_and_a_matmul)
+    w = torch.randn(32, 32)
+    x1, x2 = torch.randn(16, 32), torch.randn(16, 32)
+    out1 = f(x1, w)
+    keep = out1.clone()
+    out2 = f(x2, w)
+    assert torch.equal(out1, keep)  # the second call did not write into the first's output
+    torch.testing.assert_close(out2, _two_kernels_and_a_matmul(x2, w))
+
+
+def test_concurrent_calls_from_threads_match_eager():
+    f = kiln.compile(_two_kernels_and_a_matmul)
+    w = torch.randn(32, 32)
+    f(torch.randn(16, 32), w)  # compile once, before the threads start
+    inputs = [torch.randn(16, 32) for _ in range(4)]
+    results: dict[int, list] = {}
+
+    def work(k: int) -> None:
+        results[k] = [f(inputs[k], w) for _ in range(20)]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, outs in results.items():
+        expected = _two_kernels_and_a_matmul(inputs[k], w)
+        for out in outs:
+            torch.testing.assert_close(out, expected)
