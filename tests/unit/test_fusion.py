@@ -139,3 +139,23 @@ def test_every_decision_has_a_reason():
     sched, _ = plan(f, torch.randn(4, 8), torch.randn(8, 8))
     assert {d.verdict for d in sched.decisions} >= {"extern", "fused", "stored", "alias"}
     assert all(d.reason for d in sched.decisions)
+
+
+def test_a_value_many_kernels_recompute_from_many_tensors_is_stored_once():
+    def f(a, b, c, w):
+        residual = a + b + c  # three reads, inlined into three consumers
+        return residual * 2, residual.exp().sum(-1), torch.tanh(residual) @ w
+
+    args = [torch.randn(4, 8) for _ in range(3)] + [torch.randn(8, 8)]
+    sched, _ = plan(f, *args)
+    stored = [d for d in verdicts(sched, "stored") if "re-reading 3 tensors" in d.reason]
+    assert len(stored) == 1 and "pointwise.add" in stored[0].node
+
+
+def test_a_cheap_shared_value_is_recomputed():
+    def f(a, b):
+        x = a + b  # two reads only: recomputing beats storing
+        return x * 2, x.exp().sum(-1)
+
+    sched, _ = plan(f, torch.randn(4, 8), torch.randn(4, 8))
+    assert not [d for d in verdicts(sched, "stored") if "re-reading" in d.reason]

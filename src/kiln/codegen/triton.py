@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from kiln.ir import kernel as k
-from kiln.ir.index import Expr, FloorDiv, Mod, Sym
+from kiln.ir.index import Expr, FloorDiv, Sym
 from kiln.ir.kernel import compute_dtype
 
 # Rows up to this length are reduced in one tile (and may keep values for later stages).

@@ -202,7 +202,9 @@ def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alia
 RECOMPUTE_READ_LIMIT = 3
 
 
-def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> None:
+def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
+    """Store such values; returns them."""
+    chosen: set[Node] = set()
     kernels_reading: dict[Node, int] = {n: 0 for n in graph.nodes}
     for root in graph.nodes:
         if root in stored and root.op not in MATERIALIZED:
@@ -225,12 +227,14 @@ def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> None:
             stored[n] = (f"inlined into {kernels_reading[n]} kernels, each re-reading {len(reads[n])} "
                          f"tensors: stored once instead")
             reads[n] = frozenset((n,))
+            chosen.add(n)
+    return chosen
 
 
 def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
              decisions: list[Decision]) -> Schedule:
     """Kernels for every stored node that is computed, given the stored set so far."""
-    _store_widely_read(graph, stored)
+    widely_read = _store_widely_read(graph, stored)
     # Reductions that cannot run inside their consumers' kernels become stored; repeat
     # until every kernel's reductions fit its domain.
     changed = True
@@ -278,6 +282,6 @@ def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
     for n in graph.nodes:
         if n.op is Op.REDUCE and n not in stored:
             decisions.append(Decision(_label(n), "fused", "computed inside the kernel of its consumer, row by row"))
-        elif n.op is Op.REDUCE:
+        elif n.op is Op.REDUCE or (n in stored and n in widely_read):
             decisions.append(Decision(_label(n), "stored", stored[n]))
     return Schedule(graph, stored, aliases, steps, decisions)
