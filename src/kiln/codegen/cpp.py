@@ -334,8 +334,89 @@ class _Renderer:
         for r in reductions:
             self.reduce_finish(r, depth)
 
+    # -------------------------------------------------------------- column reductions
+    COLUMN_BLOCK = 64
+
+    def _column_values(self, names: list[tuple[str, str]], depth: int, by_reference: bool) -> None:
+        """Bind the per-column accumulators of the current block point (xi) to their names."""
+        for name, t in names:
+            self.emit(depth, f"{t}{'&' if by_reference else ''} {name} = {name}_col[xi];")
+
+    def _column_accumulators(self, s: k.Reduce) -> list[tuple[str, str]]:
+        t = ctype(compute_dtype(s.dtype))
+        if s.kind in ("argmax", "argmin"):
+            return [(f"{s.out}_v", t), (s.out, "int64_t")]
+        if s.kind in ("max", "min") and compute_dtype(s.dtype).is_floating_point:
+            return [(s.out, t), (f"{s.out}_nan", "bool")]
+        return [(s.out, t)]
+
+    def render_column(self) -> str:
+        """A block of COLUMN_BLOCK neighbouring outer points at a time: each row element is a
+        contiguous SIMD loop over the block, accumulating into per-column arrays."""
+        kern, xb = self.k, self.COLUMN_BLOCK
+        x = kern.outer[-1]
+        params = ", ".join(
+            f"{'' if p.is_output else 'const '}{STORAGE_TYPE[p.dtype]}* __restrict__ {p.name}"
+            for p in kern.params)
+        self.emit(0, f'extern "C" void {kern.name}({params}) {{')
+        outer = list(kern.outer[:-1])
+        blocks = (x.extent + xb - 1) // xb * kern.outer_numel // x.extent
+        if kern.outer_numel * kern.reduce_numel >= PARALLEL_MIN_WORK and blocks > 1:
+            self.emit(1, f"#pragma omp parallel for collapse({len(outer) + 1})")
+        depth = 1
+        for sym in outer:
+            self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
+            depth += 1
+        self.emit(depth, f"for (int64_t xb = 0; xb < {x.extent}; xb += {xb}) {{")
+        depth += 1
+        self.emit(depth, f"const int64_t xn = std::min<int64_t>({xb}, {x.extent} - xb);")
+        finished: list[tuple[str, str]] = []
+        block_loop = "for (int64_t xi = 0; xi < xn; ++xi) {"
+        for stage in kern.stages:
+            reductions = [s for s in stage.body if isinstance(s, k.Reduce)]
+            accumulators = [a for r in reductions for a in self._column_accumulators(r)]
+            for r in reductions:
+                t = compute_dtype(r.dtype)
+                self.types[r.out] = torch.int64 if r.kind in ("argmax", "argmin") else t
+                inits = {f"{r.out}_v": _reduce_init(r.kind, t), f"{r.out}_nan": "false"}
+                for name, ctyp in self._column_accumulators(r):
+                    init = inits.get(name, "0" if r.kind in ("argmax", "argmin") else _reduce_init(r.kind, t))
+                    self.emit(depth, f"{ctyp} {name}_col[{xb}];")
+                    self.emit(depth, f"for (int64_t xi = 0; xi < xn; ++xi) {name}_col[xi] = {init};")
+            inner = depth
+            if stage.loop:
+                for sym in kern.reduce:
+                    self.emit(inner, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
+                    inner += 1
+            self.emit(inner, "#pragma omp simd")
+            self.emit(inner, block_loop)
+            self.emit(inner + 1, f"const int64_t {x.name} = xb + xi;")
+            self._column_values(finished, inner + 1, by_reference=False)
+            self._column_values(accumulators, inner + 1, by_reference=True)
+            for s in stage.body:
+                self.stmt(s, inner + 1)
+            self.emit(inner, "}")
+            for _ in kern.reduce if stage.loop else ():
+                inner -= 1
+                self.emit(inner, "}")
+            if any(r.kind in ("max", "min") for r in reductions):
+                self.emit(depth, block_loop)
+                self._column_values(accumulators, depth + 1, by_reference=True)
+                for r in reductions:
+                    self.reduce_finish(r, depth + 1)
+                self.emit(depth, "}")
+            finished += [(r.out, "int64_t" if r.kind in ("argmax", "argmin") else ctype(compute_dtype(r.dtype)))
+                         for r in reductions]
+        for _ in range(len(outer) + 1):
+            depth -= 1
+            self.emit(depth, "}")
+        self.emit(0, "}")
+        return "\n".join(self.lines)
+
     def render(self) -> str:
         kern = self.k
+        if k.column_reduction(kern) and not kern.scratch:
+            return self.render_column()
         params = ", ".join(
             f"{'' if p.is_output else 'const '}{STORAGE_TYPE[p.dtype]}* __restrict__ {p.name}"
             for p in kern.params)

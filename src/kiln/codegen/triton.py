@@ -435,25 +435,12 @@ def render_source(kernel: k.Kernel) -> str:
     return HEADER + "\n\n" + render_kernel(kernel) + "\n"
 
 
-def column_reduction(kernel: k.Kernel) -> bool:
-    """True when neighbouring outer points are neighbours in memory and neighbouring row
-    elements are not (a sum over rows, like a bias gradient): tiles must then be wide in x
-    for coalesced loads."""
-    if not kernel.reduce or not kernel.outer:
-        return False
-    x, r = kernel.outer[-1], kernel.reduce[-1]
-    loads = [s.index for st in kernel.stages for s in st.body if isinstance(s, k.Load)]
-    along_rows = any(i.coef(r) == 1 for i in loads)
-    across_rows = any(i.coef(x) == 1 and i.coef(r) > 1 for i in loads)
-    return across_rows and not along_rows
-
-
 def is_persistent(kernel: k.Kernel) -> bool:
     """Whole rows in one tile: when they fit, unless the rows run across memory (then a
     narrow loop over them keeps loads coalesced), but always when values are kept."""
     if not kernel.reduce or kernel.reduce_numel > PERSISTENT_MAX:
         return False
-    return bool(kernel.scratch) or not column_reduction(kernel)
+    return bool(kernel.scratch) or not k.column_reduction(kernel)
 
 
 def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
@@ -465,7 +452,7 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     rnumel = kernel.reduce_numel
     if is_persistent(kernel):
         rblock = next_pow2(rnumel)
-    elif column_reduction(kernel):
+    elif k.column_reduction(kernel):
         return min(32, next_pow2(kernel.outer_numel)), min(128, next_pow2(rnumel)), 8
     else:
         rblock = 2048
@@ -491,7 +478,7 @@ def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
             for warps in (4, 8, 16):
                 if warps * 32 * 2 <= xblock * rblock and xblock <= next_pow2(kernel.outer_numel):
                     options.append((xblock, rblock, warps))
-    elif column_reduction(kernel):
+    elif k.column_reduction(kernel):
         options = [(x, r, w) for x, r in ((64, 64), (128, 32), (32, 128), (256, 16)) for w in (4, 8)]
     else:
         options = [(1, r, w) for r in (1024, 2048, 4096) for w in (8, 16)]

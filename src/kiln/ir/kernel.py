@@ -143,6 +143,19 @@ def rounds_result(s: Compute) -> bool:
     return s.dtype in (torch.bfloat16, torch.float16) and s.fn not in EXACT_IN_LOW_PRECISION
 
 
+def column_reduction(kernel: Kernel) -> bool:
+    """True when neighbouring outer points are neighbours in memory and neighbouring row
+    elements are not (a sum over rows, like a bias gradient): code generators then work on
+    a block of neighbouring outer points at once, so that loads stay contiguous."""
+    if not kernel.reduce or not kernel.outer:
+        return False
+    x, r = kernel.outer[-1], kernel.reduce[-1]
+    loads = [s.index for st in kernel.stages for s in st.body if isinstance(s, Load)]
+    along_rows = any(i.coef(r) == 1 for i in loads)
+    across_rows = any(i.coef(x) == 1 and i.coef(r) > 1 for i in loads)
+    return across_rows and not along_rows
+
+
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The type a value is held in while computing: low-precision floats widen to float32."""
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype

@@ -1,0 +1,28 @@
+"""Reductions over rows of a row-major tensor (x.sum(0)): kernels that work on blocks of
+neighbouring columns. Sizes are not multiples of the block, to cover the tail."""
+
+import pytest
+import torch
+
+from conftest import check
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_column_reductions_with_following_stages(dtype):
+    def f(x):
+        centered = x - x.mean(0)
+        return (x.sum(0), x.amax(0), x.argmin(0), centered.pow(2).mean(0), torch.softmax(x, 0),
+                x.var(0, correction=1), (x > 0).any(0))
+
+    x = torch.randn(37, 150, dtype=dtype)
+    x[3, 7] = float("nan")
+    x[5, 9] = float("inf")
+    check(f, x, expect_native=True)
+
+
+def test_column_reduction_of_a_3d_tensor_and_a_bias_gradient():
+    def f(x, g):
+        return x.sum(1), (x * g).sum((0, 1))
+
+    x, g = torch.randn(3, 70, 130), torch.randn(3, 70, 130)
+    check(f, x, g, expect_native=True)
