@@ -27,7 +27,7 @@ EXTERN_BY_DESIGN = {op: _VENDOR for op in (
     aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
     aten.convolution.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,
-    aten._scaled_dot_product_cudnn_attention.default,
+    aten._scaled_dot_product_cudnn_attention.default, aten.scaled_dot_product_attention.default,
 )}
 
 

@@ -1,5 +1,6 @@
 """kiln's compiler, one ordered list of passes. Read this file first.
 
+    attention   matmul + scale + causal mask + softmax + matmul -> one fused attention call
     import      FX graph of ATen ops -> tensor graph (unlowered ops become ATen calls)
     simplify    DCE + CSE (by rebuilding), constant folding, algebraic identities
     store       what must be a buffer: inputs, outputs, ATen results and arguments
@@ -29,6 +30,7 @@ import torch.fx as fx
 
 from kiln.codegen.backends import Backend
 from kiln.codegen.wrapper import build_host_program
+from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import import_graph
 from kiln.ir.kernel import Kernel, kernel_str
 from kiln.ir.tensor import Graph, Node, Op
@@ -88,6 +90,8 @@ def buffer_names_for(graph: Graph, stored) -> dict[Node, str]:
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], backend: Backend) -> tuple[Callable, CompileReport]:
     report = CompileReport(backend=backend.name)
+    with _Timer(report, "attention") as t:
+        t.summary = f"{rewrite_attention(gm)} written-out attentions fused"
     with _Timer(report, "import") as t:
         graph, report.fallbacks = import_graph(gm, example_inputs, backend.unsupported_fns)
         t.summary = f"{len(graph.nodes)} nodes, {len(report.fallbacks)} op kinds run in ATen"
