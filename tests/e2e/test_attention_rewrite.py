@@ -42,3 +42,11 @@ def test_a_mask_from_an_input_keeps_the_written_out_form():
     mask[3] = True  # a fully masked row: NaN, as in eager
     report = check(masked_by_input, q, k, v, mask)
     assert not _fused(report)
+
+
+def test_softmax_over_another_dim_is_not_attention():
+    def f(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-2) @ v
+
+    q, k, v = (torch.randn(2, 4, 8, 16) for _ in range(3))
+    assert not _fused(check(f, q, k, v))

@@ -65,6 +65,16 @@ def _is_causal_mask(mask: fx.Node, t: int, s_len: int) -> bool:
                 and bool((value == causal).all()))
 
 
+def _batches_heads(arg) -> bool:
+    """Whether a bmm operand is a 4-D tensor with its first two dims merged (B*H, T, D)."""
+    if not (_call(arg, aten.view.default) or _call(arg, aten._unsafe_view.default)):
+        return False
+    src, out = arg.args[0].meta.get("val"), arg.meta.get("val")
+    if not (isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and src.dim() == 4):
+        return False
+    return tuple(out.shape) == (src.shape[0] * src.shape[1], src.shape[2], src.shape[3])
+
+
 def _softmax_input(p: fx.Node):
     """s when p is exp(s - amax(s, -1)) / sum(exp(...), -1) (the decomposed softmax)."""
     if not _call(p, aten.div.Tensor):
@@ -78,6 +88,11 @@ def _softmax_input(p: fx.Node):
     s, peak = shifted.args
     if not (_call(peak, aten.amax.default) and peak.args[0] is s):
         return None
+    last = s.meta["val"].dim() - 1 if isinstance(s.meta.get("val"), torch.Tensor) else None
+    for reduction in (peak, total):  # over the last dim, keeping it
+        dims = [d % (last + 1) for d in reduction.args[1]] if last is not None else None
+        if dims != [last] or not (len(reduction.args) > 2 and reduction.args[2]):
+            return None
     return s
 
 
@@ -102,6 +117,8 @@ def _match(out_view: fx.Node):
         s, scale = s.args[0], 1.0 / float(s.args[1])
     bmm1 = _strip(s)
     if not _call(bmm1, aten.bmm.default):
+        return None
+    if not all(_batches_heads(x) for x in (bmm1.args[0], bmm1.args[1], bmm2.args[1])):
         return None
     q, kt, v = _strip(bmm1.args[0]), _strip(bmm1.args[1]), _strip(bmm2.args[1])
     if not (_call(kt, aten.permute.default) and list(kt.args[1]) == [0, 1, 3, 2]):
