@@ -15,13 +15,15 @@ class Options:
     """Options of kiln.compile.
 
     fullgraph: raise on a graph break instead of splitting the program.
-    dynamic: None lets Dynamo decide, False specializes every shape, True marks shapes dynamic.
+    dynamic: False (the default) compiles each new input shape on its own, which kiln turns
+        into native kernels; None lets Dynamo decide and True marks shapes dynamic (graphs
+        with symbolic shapes run in ATen for now).
     mode: "default", "reduce-overhead" (CUDA graphs where possible) or "max-autotune".
     target: code generator: "auto" (C++ for CPU tensors), "cpp" or "triton".
     """
 
     fullgraph: bool = False
-    dynamic: bool | None = None
+    dynamic: bool | None = False
     mode: str = "default"
     target: str = "auto"
 

@@ -43,3 +43,4 @@ def test_concurrent_calls_from_threads_match_eager():
         expected = _two_kernels_and_a_matmul(inputs[k], w)
         for out in outs:
             torch.testing.assert_close(out, expected)
+
