@@ -67,6 +67,15 @@ def check(fn, *args, tol: dict | None = None, expect_native: bool = False, **opt
     return report
 
 
+def randomize_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
+    """Non-trivial running statistics, so eval-mode batch norm is not an identity."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()

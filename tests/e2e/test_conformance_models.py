@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kiln  # noqa: E402
-from conftest import assert_same  # noqa: E402
+from conftest import assert_same, randomize_batchnorm  # noqa: E402
 from kiln.frontend.backend import REPORTS  # noqa: E402
 
 FWD_TOL = dict(rtol=1e-4, atol=1e-4)
@@ -142,14 +142,6 @@ class ConvNeXt(nn.Module):
         return self.head(self.head_norm(x.mean((2, 3))))
 
 
-def _randomize_bn(model: nn.Module) -> nn.Module:
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 1.5)
-    return model
-
-
 # -- the model zoo: name -> (model, inputs, forward output, training loss) ---------------------
 
 
@@ -227,7 +219,7 @@ def _classify_loss(batch):
 
 def resnet():
     torch.manual_seed(0)
-    return _randomize_bn(ResNet()), dict(pixel_values=torch.randn(2, 3, 16, 16))
+    return randomize_batchnorm(ResNet()), dict(pixel_values=torch.randn(2, 3, 16, 16))
 
 
 def convnext():

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
-from conftest import TOLERANCE, assert_same, check, run_compiled
+from conftest import TOLERANCE, assert_same, check, randomize_batchnorm, run_compiled
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -103,15 +103,6 @@ class ConvNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
-def _randomize_bn(model: nn.Module) -> nn.Module:
-    """Non-trivial running statistics, so eval-mode batch norm is not an identity."""
-    for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.5, 0.5)
-            m.running_var.uniform_(0.5, 1.5)
-    return model
-
-
 def test_mlp():
     torch.manual_seed(0)
     check_model(MLP(), torch.randn(16, 32))
@@ -138,7 +129,7 @@ def test_transformer_encoder_layer_train_mode(dtype):
 
 def test_conv_net_eval():
     torch.manual_seed(0)
-    report = check_model(_randomize_bn(ConvNet()), torch.randn(2, 3, 16, 16))
+    report = check_model(randomize_batchnorm(ConvNet()), torch.randn(2, 3, 16, 16))
     assert any("convolution" in name for name in report.fallbacks)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,7 +27,6 @@ class Backend:
 
 def _cpp(options) -> Backend:
     from kiln.codegen import cpp
-    from kiln.passes.kernelize import ROW_SCRATCH_LIMIT
     from kiln.runtime import cpp_build
 
     def build(kernels, sources):
@@ -34,7 +34,7 @@ def _cpp(options) -> Backend:
         return [r.fn for r in results], sum(r.cached for r in results)
 
     # on a CPU a re-read row comes from L1: keeping a plain load would only add a store
-    return Backend("cpp", "C++", cpp.render_kernel, build, True, ROW_SCRATCH_LIMIT, False)
+    return Backend("cpp", "C++", cpp.render_kernel, build, True, cpp.ROW_SCRATCH_LIMIT, False)
 
 
 def _triton(options) -> Backend:
@@ -68,8 +68,6 @@ def get_backend(name: str, options) -> Backend:
 
 def target_problem(target: str, device: torch.device) -> str | None:
     """Why this target cannot run tensors on device, or None."""
-    import os
-
     if target == "cpp" and device.type != "cpu":
         return f"the C++ backend runs CPU tensors only, not {device.type}"
     if target == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":

@@ -14,6 +14,9 @@ from kiln.ir.index import Expr, FloorDiv, Mod, Sym
 from kiln.ir.kernel import compute_dtype
 
 
+# Rows up to this many elements keep reused values in a local array (stack, L1/L2).
+ROW_SCRATCH_LIMIT = 16384
+
 # Below this many points per kernel, threads cost more than they save.
 PARALLEL_MIN_WORK = 1 << 15
 

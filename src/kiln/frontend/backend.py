@@ -14,6 +14,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from kiln.codegen.backends import get_backend, resolve_target, target_problem
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
+from kiln.frontend.importer import graph_device
 from kiln.options import Options, env_debug
 
 log = logging.getLogger("kiln")
@@ -41,16 +42,10 @@ def _unsupported_reason(example_inputs: list[Any], target: str) -> str | None:
     return None
 
 
-def _graph_device(example_inputs: list[Any]) -> torch.device:
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor):
-            return x.device
-    return torch.device("cpu")
-
-
 def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: Options) -> Callable:
     """Compile one ATen graph; on any failure, return the graph itself (runs in ATen)."""
-    target = resolve_target(options.target, _graph_device(example_inputs))
+    device = graph_device(example_inputs)
+    target = resolve_target(options.target, device)
     reason = _unsupported_reason(example_inputs, target)
     if reason is None:
         try:
@@ -59,7 +54,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
             fn, report = compile_graph(gm, example_inputs, get_backend(target, options))
             REPORTS.append(report)
             fn._boxed_call = True
-            if options.mode == "reduce-overhead" and _graph_device(example_inputs).type == "cuda":
+            if options.mode == "reduce-overhead" and device.type == "cuda":
                 from kiln.runtime.cudagraphs import CudaGraphRunner, static_input_indices
 
                 return CudaGraphRunner(fn, static_input_indices())

@@ -64,6 +64,14 @@ def _check(result: Node, val: torch.Tensor, b: Builder) -> Node:
     return cast(b, result, val.dtype)
 
 
+def graph_device(example_inputs: list[Any]) -> torch.device:
+    """The device of a graph's tensors (the first tensor input's; the CPU when none)."""
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
 def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
                  unsupported_fns: frozenset = frozenset()) -> tuple[Graph, dict[str, str]]:
     """Returns the tensor graph and, for each fallback op, why it was not lowered.

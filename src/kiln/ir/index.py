@@ -90,10 +90,6 @@ class Expr:
         return mod(self, d)
 
     # queries ----------------------------------------------------------------------
-    @property
-    def is_const(self) -> bool:
-        return not self.terms
-
     def symbols(self) -> set[Sym]:
         out: set[Sym] = set()
         for atom, _ in self.terms:

@@ -108,4 +108,3 @@ FLOAT_ONLY = frozenset(
     "sinh cosh tanh asinh acosh atanh erf erfc sigmoid div atan2".split()
 )
 
-REDUCTIONS = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all")

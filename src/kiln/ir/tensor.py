@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from kiln.ir.index import Expr, Sym
+from kiln.ir.index import Sym
 
 
 class Op(enum.Enum):
@@ -213,6 +213,3 @@ def _attrs_key(attrs: Any) -> Any:
         return tuple(_attrs_key(a) for a in attrs)
     return attrs
 
-
-def index_map_of_view(node: Node) -> tuple[Expr, ...]:
-    return node.attrs[0]

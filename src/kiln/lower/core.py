@@ -33,14 +33,6 @@ def constant(b: Builder, value: Scalar, dtype: torch.dtype, shape: tuple[int, ..
     return b.make(Op.CONSTANT, (), (value,), shape, dtype)
 
 
-def scalar_dtype(v: Scalar) -> torch.dtype:
-    if isinstance(v, bool):
-        return torch.bool
-    if isinstance(v, int):
-        return torch.int64
-    return torch.get_default_dtype()
-
-
 def promote(*args: Node | Scalar) -> torch.dtype:
     """PyTorch's type promotion: dimensioned tensors > 0-d tensors > Python scalars."""
     dummies = [torch.empty(() if a.shape == () else (0,), dtype=a.dtype) if isinstance(a, Node) else a

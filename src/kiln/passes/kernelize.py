@@ -25,8 +25,6 @@ class _StageBuilder:
         self.memo: dict[tuple, str] = {}
 
 
-# Rows up to this many elements keep reused values in a local array (C++ stack, L1/L2).
-ROW_SCRATCH_LIMIT = 16384  # the C++ backend's; others state their own
 
 
 class KernelEmitter:

@@ -25,13 +25,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
 import torch.fx as fx
 
 from kiln.codegen.backends import Backend
 from kiln.codegen.wrapper import build_host_program
 from kiln.frontend.attention import rewrite_attention
-from kiln.frontend.importer import import_graph
+from kiln.frontend.importer import graph_device, import_graph
 from kiln.ir.kernel import Kernel, kernel_str
 from kiln.ir.tensor import Graph, Node, Op
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, plan_stores, schedule
@@ -114,7 +113,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], backend: Backen
     with _Timer(report, "codegen") as t:
         names = buffer_names_for(graph, sched.stored)
         report.sources = {kern.name: backend.render(kern) for kern in report.kernels}
-        device = _device_of(example_inputs)
+        device = graph_device(example_inputs)
         host = build_host_program(sched, kernels, names, layouts, device, backend.pass_pointers)
         report.host_source = host.source
         t.summary = f"{sum(len(s) for s in report.sources.values())} bytes of {backend.language}"
@@ -125,13 +124,6 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], backend: Backen
             host.globals[kern.name] = launch
         t.summary = f"{len(launchers) - report.cache_hits} compiled, {report.cache_hits} from cache"
     return host.load(), report
-
-
-def _device_of(example_inputs) -> torch.device:
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor):
-            return x.device
-    return torch.device("cpu")
 
 
 def _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend: Backend
@@ -164,6 +156,3 @@ def _name_by_content(kernels: dict[int, Kernel]) -> dict[int, Kernel]:
         out[key] = dataclasses.replace(kern, name=name)
     return out
 
-
-def kernels_text(report: CompileReport) -> str:
-    return "\n\n".join(kernel_str(k) for k in report.kernels)

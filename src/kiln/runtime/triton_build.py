@@ -107,15 +107,9 @@ def compile_for_target(kernel: Kernel, source: str, arch: int = 90, warp_size: i
 
     from kiln.codegen.triton import launch_config
 
-    key = content_hash(source, "aot")
-    path = cache_dir("triton") / f"{kernel.name}_{key}.py"
-    if not path.exists():
-        atomic_write(path, source)
-    spec = importlib.util.spec_from_file_location(f"kiln_triton_aot_{key}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    jit_fn, _, _ = _load(kernel, source)
     xblock, rblock, warps = launch_config(kernel, False)
     signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
     signature.update(XBLOCK="constexpr", RBLOCK="constexpr")
-    src = ASTSource(getattr(module, kernel.name), signature, constexprs={"XBLOCK": xblock, "RBLOCK": rblock})
+    src = ASTSource(jit_fn, signature, constexprs={"XBLOCK": xblock, "RBLOCK": rblock})
     return triton_compile(src, target=GPUTarget("cuda", arch, warp_size), options={"num_warps": warps})
