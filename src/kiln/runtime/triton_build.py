@@ -1,14 +1,18 @@
-"""Triton kernels: generated source written to the cache by content hash, imported, and
-wrapped in a launcher with the kernel's launch configuration."""
+"""Triton kernels: generated source written to the cache by content hash, imported, compiled
+for each launch configuration (in worker processes when there are several, see
+compile_pool) and wrapped in a launcher."""
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
 
 from kiln.ir.kernel import Kernel
+from kiln.runtime import compile_pool
+from kiln.runtime.autotune import Config, TunedLauncher
 from kiln.runtime.cache import atomic_write, cache_dir, content_hash
 
 
@@ -31,7 +35,7 @@ def _versions() -> str:
 
         if torch.cuda.is_available() and not interpreted():
             parts += [torch.version.cuda or "", torch.cuda.get_device_name(), str(torch.cuda.get_device_capability())]
-    except Exception:  # noqa: BLE001 - versions only refine the key
+    except Exception:  # noqa: BLE001, S110 - versions only refine the key
         pass
     return " ".join(parts)
 
@@ -42,10 +46,7 @@ def _load(kernel: Kernel, source: str):
     cached = path.exists()
     if not cached:
         atomic_write(path, source)
-    spec = importlib.util.spec_from_file_location(f"kiln_triton_{key}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, kernel.name), path, cached
+    return getattr(compile_pool.load_module(str(path)), kernel.name), path, cached
 
 
 def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
@@ -62,54 +63,77 @@ def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
 
 
 def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[TritonBuild]:
-    """Load every kernel; on a GPU, compile its launch configurations (the heuristic's, or
-    with autotune every candidate) for aligned pointers of the kernel's dtypes, submitted
-    together to Triton's asynchronous compile mode (on threads: Triton 3.6 holds the GIL
-    for most of a compile, so they overlap little; parallel compile across processes is
-    still to do). With several candidates the first launch picks the fastest."""
-    from kiln.codegen.triton import candidate_configs, launch_config
-    from kiln.runtime.autotune import TunedLauncher
-
+    """Load every kernel; on a GPU, compile its launch configurations for this GPU. With
+    several candidates the first launch picks the fastest."""
     loaded = [_load(kernel, source) for kernel, source in jobs]
     if interpreted() or not jobs:
         return [TritonBuild(_interpreted_launcher(kernel, fn), cached)
                 for (kernel, _), (fn, _, cached) in zip(jobs, loaded)]
-    from concurrent.futures import ThreadPoolExecutor
-
-    from triton.runtime._async_compile import AsyncCompileMode
-
-    configs = [candidate_configs(kernel) if autotune else [launch_config(kernel, False)] for kernel, _ in jobs]
-    pending: list[dict] = []
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        with AsyncCompileMode(pool):
-            for (kernel, _), (jit_fn, _, _), cs in zip(jobs, loaded, configs):
-                dtypes = [p.dtype for p in kernel.params]
-                pending.append({c: jit_fn.warmup(*dtypes, grid=(1,), XBLOCK=c[0], RBLOCK=c[1], num_warps=c[2])
-                                for c in cs})
+    kernels = [(kernel, path) for (kernel, _), (_, path, _) in zip(jobs, loaded)]
+    all_variants = compile_variants(kernels, _current_target(), autotune)
     builds = []
-    for (kernel, _), (jit_fn, path, cached), variants in zip(jobs, loaded, pending):
-        variants = {c: (v.result() if hasattr(v, "result") else v) for c, v in variants.items()}
+    for (kernel, path), (jit_fn, _, cached), variants in zip(kernels, loaded, all_variants):
         launcher = TunedLauncher(kernel.name, kernel.outer_numel, jit_fn, variants, path.with_suffix(".tune.json"))
         builds.append(TritonBuild(launcher, cached))
     return builds
 
 
+def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune: bool = False) -> list[dict]:
+    """Per kernel (loaded from path), {config: CompiledKernel} for target's (backend, arch,
+    warp_size): the heuristic's launch configuration, or with autotune every candidate."""
+    from kiln.codegen.triton import candidate_configs, launch_config
+
+    configs = [candidate_configs(kernel) if autotune else [launch_config(kernel, False)] for kernel, _ in kernels]
+    jobs = [compile_args(kernel, path, config, target) for (kernel, path), cs in zip(kernels, configs) for config in cs]
+    compiled = iter(compile_pool.compile_all(jobs))
+    return [{config: next(compiled) for config in cs} for cs in configs]
+
+
+def _current_target() -> tuple:
+    from triton.runtime import driver
+
+    target = driver.active.get_current_target()
+    return target.backend, target.arch, target.warp_size
+
+
 _POINTER_TYPE = {
     "float32": "*fp32", "float64": "*fp64", "bfloat16": "*bf16", "float16": "*fp16", "int64": "*i64",
-    "int32": "*i32", "int16": "*i16", "int8": "*i8", "uint8": "*u8", "bool": "*i1",
+    "int32": "*i32", "int16": "*i16", "int8": "*i8", "uint8": "*u8", "bool": "*u1",
 }
+
+
+@functools.cache
+def _aligned_attr(target: tuple) -> list:
+    """The attribute Triton's JIT gives a pointer whose address is a multiple of 16."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+
+    return make_backend(GPUTarget(*target)).parse_attr("D")
+
+
+def _options(num_warps: int) -> dict:
+    """Compile options, with the debug settings Triton's JIT would add from the environment."""
+    from triton import knobs
+
+    return {"num_warps": num_warps, "debug": bool(knobs.runtime.debug),
+            "instrumentation_mode": knobs.compilation.instrumentation_mode}
+
+
+def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple) -> compile_pool.CompileArgs:
+    """triton.compile's arguments for one launch configuration of a kernel, specialized as
+    the JIT specializes tensors that are all 16-byte aligned (the direct launch's condition)."""
+    xblock, rblock, warps = config
+    signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
+    signature.update(XBLOCK="constexpr", RBLOCK="constexpr")
+    attrs = {(i,): _aligned_attr(target) for i in range(len(kernel.params))}
+    return compile_pool.CompileArgs(str(path), kernel.name, signature, {"XBLOCK": xblock, "RBLOCK": rblock}, attrs,
+                                    tuple(target), _options(warps))
 
 
 def compile_for_target(kernel: Kernel, source: str, arch: int = 90, warp_size: int = 32):
     """Compile a generated kernel for a CUDA architecture without a GPU (ahead of time)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
-
     from kiln.codegen.triton import launch_config
 
-    jit_fn, _, _ = _load(kernel, source)
-    xblock, rblock, warps = launch_config(kernel, False)
-    signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
-    signature.update(XBLOCK="constexpr", RBLOCK="constexpr")
-    src = ASTSource(jit_fn, signature, constexprs={"XBLOCK": xblock, "RBLOCK": rblock})
-    return triton_compile(src, target=GPUTarget("cuda", arch, warp_size), options={"num_warps": warps})
+    _, path, _ = _load(kernel, source)
+    return compile_pool.compile_in_process(compile_args(kernel, path, launch_config(kernel, False),
+                                                        ("cuda", arch, warp_size)))

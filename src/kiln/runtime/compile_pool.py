@@ -1,0 +1,177 @@
+"""Triton compiles in worker processes.
+
+Triton holds the GIL for most of a compile, so a graph's kernels compile in parallel only in
+other processes. A worker runs `triton.compile` into Triton's on-disk cache; this process
+then runs the same call, which finds the result there, and gets a loaded CompiledKernel.
+Workers are spawned, never forked (CUDA is initialized here), and never touch CUDA: the
+target is given, not queried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import multiprocessing
+import os
+import sys
+import threading
+import types
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("kiln")
+
+# Fewer compiles than this finish sooner here than the hand-off to running workers costs.
+MIN_POOL_JOBS = 3
+# Starting workers takes ~2 s (mostly importing torch, which generated kernels pull in through
+# kiln): fewer compiles than this finish sooner here, unless warm_pool started them earlier.
+MIN_COLD_POOL_JOBS = 12
+
+_pool: ProcessPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CompileArgs:
+    """The arguments of one `triton.compile`, in a form a worker process can receive."""
+    path: str  # generated source file defining the @triton.jit kernel
+    kernel_name: str
+    signature: dict[str, str]
+    constexprs: dict[str, int]
+    attrs: dict[tuple[int, ...], list]
+    target: tuple  # GPUTarget fields: (backend, arch, warp_size)
+    options: dict
+
+
+def load_module(path: str) -> types.ModuleType:
+    """Import a generated source file, once per process."""
+    name = "kiln_triton_" + Path(path).stem
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return module
+
+
+def compile_in_process(args: CompileArgs):
+    """triton.compile here: a cache hit when a worker compiled the same arguments."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+
+    fn = getattr(load_module(args.path), args.kernel_name)
+    src = ASTSource(fn, args.signature, args.constexprs, args.attrs)
+    return triton_compile(src, target=GPUTarget(*args.target), options=args.options)
+
+
+def _compile_in_worker(args: CompileArgs, cache_dir: str) -> str:
+    """In a worker: compile into this process's Triton cache; the result's cache hash."""
+    from triton import knobs
+
+    knobs.cache.dir = cache_dir
+    return compile_in_process(args).hash
+
+
+def _import_compiler() -> None:
+    """In a worker: import what every compile needs, ahead of the first one."""
+    import triton.compiler  # noqa: F401
+
+    import kiln.codegen.triton_math  # noqa: F401 - generated kernels import it
+
+
+def _worker_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _main_hidden():
+    """A spawned worker first re-runs the parent's __main__ script (all of it, when the
+    script has no `if __name__ == "__main__"` guard); workers need none of it."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+def _submit(fn, *args) -> Future:
+    """Submit to the process-wide pool, made on first use. It starts a worker per task
+    while all are busy, up to one per core: a batch of n jobs gets min(n, cores)."""
+    global _pool
+    with _pool_lock, _main_hidden():
+        if _pool is None:
+            _pool = ProcessPoolExecutor(_worker_count(), mp_context=multiprocessing.get_context("spawn"))
+        return _pool.submit(fn, *args)
+
+
+def shutdown_pool() -> None:
+    """Stop the workers (a later compile starts new ones)."""
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def warm_pool() -> None:
+    """Start every worker now, so they import Triton while the caller does other work."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":  # nothing compiles
+        return
+    try:
+        for _ in range(_worker_count()):
+            _submit(_import_compiler)
+    except Exception as e:  # noqa: BLE001 - compiles then run in this process
+        log.warning("kiln: could not start Triton compile workers (%s)", e)
+
+
+def _submit_all(jobs: list[CompileArgs]) -> list[Future]:
+    """One worker compile per job, or none when the pool cannot take them."""
+    from triton import knobs
+
+    cache_dir = knobs.cache.dir  # this process's, which may not be the workers' default
+    try:
+        return [_submit(_compile_in_worker, args, cache_dir) for args in jobs]
+    except Exception as e:  # noqa: BLE001 - compiles then run in this process
+        log.warning("kiln: could not start Triton compile workers (%s); compiling in this process", e)
+        shutdown_pool()
+        return []
+
+
+def _worker_hash(future: Future, args: CompileArgs) -> str | None:
+    """Wait for a worker's compile: its cache hash, or None when it failed."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise
+    except Exception as e:  # noqa: BLE001 - this process compiles it, and raises any real error
+        log.warning("kiln: compiling Triton kernel %s in a worker failed (%s: %s); compiling it in this process",
+                    args.kernel_name, type(e).__name__, e)
+    return None
+
+
+def compile_all(jobs: list[CompileArgs]) -> list:
+    """A CompiledKernel per job: compiled by workers when there are enough jobs to pay for
+    them, and loaded here as each finishes."""
+    pending = _submit_all(jobs) if len(jobs) >= (MIN_POOL_JOBS if _pool else MIN_COLD_POOL_JOBS) else []
+    compiled = []
+    for i, args in enumerate(jobs):
+        worker_hash = None
+        try:
+            worker_hash = _worker_hash(pending[i], args) if pending else None
+        except BrokenProcessPool as e:
+            log.warning("kiln: Triton compile workers stopped (%s); compiling the rest in this process", e)
+            shutdown_pool()
+            pending = []
+        kernel = compile_in_process(args)
+        if worker_hash is not None and kernel.hash != worker_hash:
+            log.warning("kiln: Triton kernel %s compiled in a worker was compiled again here: the workers' "
+                        "Triton settings differ from this process's", args.kernel_name)
+        compiled.append(kernel)
+    return compiled

@@ -1,0 +1,44 @@
+"""Kernels kiln generates for a set of canonical graphs, shared by the code generation tests."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+GENERATE = textwrap.dedent('''
+    import pickle, sys
+    import torch, torch.nn.functional as F
+    import kiln
+    from kiln.frontend.backend import REPORTS
+
+    def graphs():
+        x, y = torch.randn(64, 128), torch.randn(64, 128)
+        yield lambda a, b: (torch.relu(a * b + 1).sum(-1), torch.softmax(a, -1)), (x, y)
+        yield lambda a, b: F.layer_norm(F.gelu(a + b), (128,)), (x, y)
+        yield lambda a, b: (a.amax(0), a.argmax(-1), torch.tanh(a)[::2] * b[1::2]), (x, y)
+        xb = torch.randn(2, 6000, dtype=torch.bfloat16)  # a looped (non-persistent) reduction
+        yield lambda a: (a * torch.rsqrt(a.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(a.dtype), (xb,)
+        idx = torch.randint(0, 50, (4, 7))
+        yield lambda w, i: torch.cat([w[i], F.pad(w[i], (1, 1))[..., 1:-1]], -1), (torch.randn(50, 16), idx)
+
+    kernels = []
+    for fn, args in graphs():
+        torch._dynamo.reset()
+        kiln.compile(fn)(*args)
+        kernels += REPORTS[-1].kernels
+    pickle.dump(kernels, open(sys.argv[1], "wb"))
+''')
+
+
+@pytest.fixture(scope="session")
+def generated_kernels(tmp_path_factory) -> str:
+    """A pickle of the kernels generated through the interpreter path (no GPU needed)."""
+    tmp = tmp_path_factory.mktemp("generated")
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp), KILN_TARGET="triton", TRITON_INTERPRET="1")
+    path = str(tmp / "kernels.pkl")
+    gen = subprocess.run([sys.executable, "-c", GENERATE, path], env=env, capture_output=True, text=True,
+                         timeout=600, check=False)
+    assert gen.returncode == 0, gen.stderr[-4000:]
+    return path

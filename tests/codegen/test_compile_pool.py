@@ -1,0 +1,83 @@
+"""Generated Triton kernels compile for sm_90 in worker processes, and this process loads
+them from Triton's cache; a failed or dead worker only costs a compile here."""
+
+import logging
+import os
+import pickle
+
+import pytest
+from triton import knobs
+
+from kiln.codegen import triton as tr
+from kiln.runtime import compile_pool
+from kiln.runtime.triton_build import _load, compile_for_target, compile_variants, interpreted
+
+pytestmark = pytest.mark.skipif(interpreted(), reason="compiles for a GPU, not for Triton's interpreter")
+
+SM90 = ("cuda", 90, 32)
+
+
+@pytest.fixture(scope="module")
+def kernels(generated_kernels):
+    """(kernel, generated source path) pairs; the pool is stopped after the module."""
+    with open(generated_kernels, "rb") as f:
+        loaded = [(k, _load(k, tr.render_source(k))[1]) for k in pickle.load(f)]
+    yield loaded
+    compile_pool.shutdown_pool()
+
+
+@pytest.fixture
+def cache_hits(monkeypatch, tmp_path):
+    """Whether each triton.compile in this process found its result in a fresh cache."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    hits = []
+    monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: hits.append(kw["cache_hit"]))
+    return hits
+
+
+def _raise_in_worker(args, cache_dir):
+    raise RuntimeError("worker failure for the test")
+
+
+def _exit_in_worker(args, cache_dir):
+    os._exit(3)
+
+
+def test_few_compiles_do_not_start_workers(kernels, cache_hits):
+    compile_pool.shutdown_pool()
+    compile_variants(kernels[:3], SM90)
+    assert compile_pool._pool is None and cache_hits == [False] * 3
+
+
+def test_workers_compile_and_this_process_loads_from_cache(kernels, cache_hits, monkeypatch, tmp_path):
+    compile_pool.warm_pool()
+    variants = compile_variants(kernels, SM90)
+    assert len(cache_hits) == len(kernels) >= compile_pool.MIN_POOL_JOBS
+    assert all(cache_hits)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "direct"))
+    kernel, _ = kernels[-1]
+    direct = compile_for_target(kernel, tr.render_source(kernel))
+    (pooled,) = variants[-1].values()
+    assert direct.hash == pooled.hash and direct.asm["cubin"] == pooled.asm["cubin"]
+
+
+def test_a_failed_worker_compile_falls_back_to_this_process(kernels, cache_hits, monkeypatch, caplog):
+    monkeypatch.setattr(compile_pool, "_compile_in_worker", _raise_in_worker)
+    compile_pool.warm_pool()
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        variants = compile_variants(kernels[:3], SM90)
+    assert all(v.asm["cubin"] for vs in variants for v in vs.values())
+    assert caplog.text.count("worker failure for the test") == 3
+    assert cache_hits == [False] * 3
+
+
+def test_compiles_survive_workers_that_die(kernels, cache_hits, monkeypatch, caplog):
+    with monkeypatch.context() as m, caplog.at_level(logging.WARNING, logger="kiln"):
+        m.setattr(compile_pool, "_compile_in_worker", _exit_in_worker)
+        compile_pool.warm_pool()
+        variants = compile_variants(kernels[:3], SM90)
+    assert all(v.asm["cubin"] for vs in variants for v in vs.values())
+    assert "workers stopped" in caplog.text and compile_pool._pool is None
+    compile_pool.warm_pool()
+    compile_variants(kernels[3:6], SM90)
+    assert cache_hits == [False] * 3 + [True] * 3
