@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import os
 import sys
 import tempfile
@@ -31,7 +32,7 @@ def make_model():
     return GPT2LMHeadModel(config).cuda().train()
 
 
-def run(variant: str, base, batches, steps: int):
+def run(variant: str, base, batches, steps: int, profile: bool = False):
     model = copy.deepcopy(base)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     torch._dynamo.reset()
@@ -40,6 +41,8 @@ def run(variant: str, base, batches, steps: int):
     elif variant.startswith("kiln"):
         import kiln
 
+        if profile:
+            _name_kernels_by_graph()
         fwd = kiln.compile(model, mode="max-autotune" if variant == "kiln-autotune" else "default")
     else:
         fwd = model
@@ -66,7 +69,58 @@ def run(variant: str, base, batches, steps: int):
     torch.cuda.synchronize()
     per_step = (time.perf_counter() - t0) / steps
     peak = torch.cuda.max_memory_allocated() / 2**30
+    if profile:
+        print_profile(variant, lambda: step(batches[0]))
     return {"losses": losses, "first": first, "step": per_step, "peak": peak}
+
+
+def _name_kernels_by_graph() -> None:
+    """Kernel names unique in the process (g<graph>_kernel<n>), so a profile tells graphs apart."""
+    from kiln.passes import pipeline
+
+    name_by_content = getattr(pipeline._name_by_content, "original", pipeline._name_by_content)
+    graph_number = iter(range(10**6))
+
+    def unique_names(kernels):
+        prefix = f"g{next(graph_number)}_"
+        return {k: dataclasses.replace(v, name=prefix + v.name) for k, v in name_by_content(kernels).items()}
+
+    unique_names.original = name_by_content
+    pipeline._name_by_content = unique_names
+
+
+def write_explain(folder: str) -> None:
+    """Each graph kiln compiled: passes, kernels, decisions, host program and kernel sources."""
+    from kiln.frontend.backend import REPORTS
+    from kiln.tools.explain import report_text
+
+    os.makedirs(folder, exist_ok=True)
+    for i, report in enumerate(REPORTS):
+        with open(os.path.join(folder, f"graph{i}.txt"), "w") as f:
+            f.write(report_text(report, show_kernels=True) + "\n\n" + report.host_source + "\n")
+            for name, source in report.sources.items():
+                f.write(f"\n# {name}\n{source}\n")
+
+
+def print_profile(variant: str, step, top: int = 30) -> None:
+    """GPU time per kernel name over two steps, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        step()
+        torch.cuda.synchronize()
+    totals: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            t = totals.setdefault(e.name[:90], [0.0, 0])
+            t[0] += e.device_time / 2e3  # us over two steps -> ms per step
+            t[1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    print(f"--- {variant}: {sum(t for t, _ in totals.values()):.1f} ms of kernels per step, "
+          f"{sum(n for _, n in totals.values()) // 2} launches per step")
+    for name, (ms, n) in ranked[:top]:
+        print(f"{ms:8.3f} ms {n // 2:5d}x  {name}")
 
 
 def main() -> int:
@@ -75,15 +129,19 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--variants", default="eager,inductor,kiln")
+    parser.add_argument("--profile", action="store_true", help="print GPU time per kernel")
+    parser.add_argument("--explain", default="", help="write kiln's account of each graph to this folder")
     args = parser.parse_args()
     base = make_model()
     batches = [torch.randint(0, 50257, (args.batch, args.seq), device="cuda") for _ in range(4)]
     tokens = args.batch * args.seq
     results = {}
     for variant in args.variants.split(","):
-        results[variant] = r = run(variant, base, batches, args.steps)
+        results[variant] = r = run(variant, base, batches, args.steps, args.profile)
         print(f"{variant}: {tokens / r['step']:.0f} tokens/s, step {r['step'] * 1e3:.1f} ms, first step "
               f"{r['first']:.1f} s, peak {r['peak']:.1f} GiB, losses {['%.4f' % x for x in r['losses']]}", flush=True)
+    if args.explain:
+        write_explain(args.explain)
     if "kiln-autotune" in results:
         sys.argv = ["tune_report", os.environ["KILN_CACHE_DIR"]]
         from benchmarks import tune_report

@@ -140,6 +140,14 @@ def test_casts():
     check(f, x, randint(-100, 100, 6, 13), randint(0, 2, 6, 13).bool(), expect_native=True)
 
 
+def test_conversion_naming_its_own_device_is_native():
+    # autocast writes dtype conversions as _to_copy(x, dtype=..., device=<x's device>)
+    def f(x):
+        return x.to(device=x.device, dtype=torch.bfloat16) * 2, torch.ones(3, device=x.device) + x[0, :3]
+
+    check(f, randn(4, 5), expect_native=True)
+
+
 def test_type_promotion():
     def f(xf, xi, xb, xd, xh, s0, si0):
         return (xi + xf, xi * 2.5, xb + xi, xb * xf, xf + xd, xh + xf, xh + 1, xh * 2.5,

@@ -36,6 +36,13 @@ def test_norms_long_rows(dtype):
     check(f, x, w, b, expect_native=True)
 
 
+def test_conversions_naming_the_device_are_native():
+    def f(x):
+        return x.to(device="cuda", dtype=torch.bfloat16) * 2, x.to(device=x.device, dtype=torch.float64)
+
+    check(f, torch.randn(64, 33, device=CUDA), expect_native=True)
+
+
 def test_masked_softmax_with_inf_rows_and_indexing():
     def f(s, m, table, idx):
         p = s.masked_fill(m, float("-inf")).softmax(-1)

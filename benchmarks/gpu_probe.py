@@ -1,0 +1,120 @@
+"""Where a memory-bound kernel's time goes, on an NVIDIA GPU: a wide sweep of launch
+configurations for each kernel of a case, and source variants that leave one part of the
+work out (so the difference is that part's cost).
+
+    PYTHONPATH=src python -m benchmarks.gpu_probe [--cases layernorm,softmax]
+
+For each case: the time of a device copy of the same bytes (the best this traffic can do),
+then per kernel every configuration's time (kiln's autotuner, timed more than usual) and
+per variant the best configuration's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks import gpu
+
+# name -> (textual edit of the generated source, what the difference measures)
+VARIANTS = {
+    "as generated": (lambda s: s, ""),
+    "no erf": (lambda s: s.replace("tl.erf(", "("), "erf's cost"),
+    "no bf16 rounding": (lambda s: s.replace("km.round_bf16(", "("), "rounding intermediates to bf16"),
+}
+
+
+def sweep(kernel) -> list[tuple[int, int, int]]:
+    from kiln.codegen.triton import candidate_configs, is_persistent, next_pow2
+
+    if not kernel.reduce:
+        return [(x, 1, w) for x in (256, 512, 1024, 2048, 4096) for w in (2, 4, 8)]
+    if is_persistent(kernel):
+        rblock = next_pow2(kernel.reduce_numel)
+        return [(x, rblock, w) for x in (1, 2, 4, 8, 16) if x * rblock <= 32768 for w in (1, 2, 4, 8, 16)
+                if 32 * w <= x * rblock]
+    return candidate_configs(kernel)
+
+
+def probe_case(name, fn, args, moved) -> list[str]:
+    import kiln
+    import kiln.codegen.triton as tr
+
+    lines = []
+    copy_src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
+    copy_dst = torch.empty_like(copy_src)
+    t_copy = gpu.bench(lambda: copy_dst.copy_(copy_src), ())
+    lines.append(f"## {name}: {moved / 1e6:.0f} MB; a copy of as many bytes takes {t_copy * 1e3:.4f} ms")
+    original_render, original_candidates = tr.render_source, tr.candidate_configs
+    for variant, (edit, meaning) in VARIANTS.items():
+        if variant != "as generated" and "layernorm" not in name:
+            continue
+        cache = tempfile.mkdtemp(prefix="probe-")
+        os.environ["KILN_CACHE_DIR"] = cache
+        tr.render_source = lambda kern, edit=edit: edit(original_render(kern))
+        tr.candidate_configs = sweep
+        try:
+            torch._dynamo.reset()
+            compiled = kiln.compile(fn, mode="max-autotune")
+            with torch.no_grad():
+                compiled(*args)
+            t = gpu.bench(compiled, args)
+        finally:
+            tr.render_source, tr.candidate_configs = original_render, original_candidates
+        lines.append(f"- {variant}: {t * 1e3:.4f} ms = {moved / t / 1e12:.2f} TB/s, copy/this "
+                     f"{t_copy / t:.2f} {('(' + meaning + ')') if meaning else ''}")
+        if variant == "as generated":
+            for record in sorted(Path(cache).glob("triton/*.tune.json")):
+                ms = json.loads(record.read_text())["ms"]
+                ranked = sorted(ms.items(), key=lambda kv: kv[1])
+                lines.append(f"  - {record.stem.split('.')[0]} configs, fastest first: "
+                             + ", ".join(f"{c} {v * 1e3:.1f}us" for c, v in ranked[:8])
+                             + f" ... slowest {ranked[-1][0]} {ranked[-1][1] * 1e3:.1f}us")
+    return lines
+
+
+def host_overhead() -> list[str]:
+    """Per-call time of a tiny softmax, launched back to back: the host's cost per call."""
+    import time
+
+    import kiln
+
+    x = torch.randn(8, 128, device="cuda")
+    lines = ["## host time per call (8x128 softmax, 2000 calls back to back)"]
+    for name in ("eager", "inductor", "kiln"):
+        torch._dynamo.reset()
+        compilers = {"eager": lambda f: f, "inductor": torch.compile, "kiln": kiln.compile}
+        fn = compilers[name](gpu.softmax)
+        with torch.no_grad():
+            for _ in range(20):
+                fn(x)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(2000):
+                fn(x)
+            torch.cuda.synchronize()
+        lines.append(f"- {name}: {(time.perf_counter() - t0) / 2000 * 1e6:.1f} us")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default="layernorm,softmax,rmsnorm,odd")
+    args = parser.parse_args()
+    wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+    out = host_overhead()
+    for name, fn, fargs, moved, _, _ in gpu.cases():
+        if moved and any(w in name for w in wanted):
+            out += probe_case(name, fn, fargs, moved)
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
