@@ -6,6 +6,7 @@ import os
 import pickle
 
 import pytest
+from generated_kernels import kernels_pickle
 from triton import knobs
 
 from kiln.codegen import triton as tr
@@ -15,6 +16,11 @@ from kiln.runtime.triton_build import _load, compile_for_target, compile_variant
 pytestmark = pytest.mark.skipif(interpreted(), reason="compiles for a GPU, not for Triton's interpreter")
 
 SM90 = ("cuda", 90, 32)
+
+
+@pytest.fixture(scope="session")
+def generated_kernels(tmp_path_factory) -> str:
+    return kernels_pickle(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,15 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+from generated_kernels import kernels_pickle
+
+
+@pytest.fixture(scope="session")
+def generated_kernels(tmp_path_factory) -> str:
+    return kernels_pickle(tmp_path_factory)
+
+
 COMPILE = textwrap.dedent('''
     import pickle, sys
     from kiln.codegen import triton as tr

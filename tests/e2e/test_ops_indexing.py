@@ -5,7 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import check
+import kiln
+from conftest import assert_same, check
+from kiln.frontend.backend import REPORTS
 from op_inputs import FLOATS, randint, randn, with_layout
 
 
@@ -167,3 +169,25 @@ def test_narrow_select_flip_roll():
         return x.narrow(1, 2, 3) + 1, x[2] * x[:, 3:4], x.select(1, -1), x.flip(-1), x.roll(2, 0)
 
     check(f, randn(5, 7))
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_scatter_one_index_per_line(dim):
+    def f(x, index, src):
+        return x.scatter(dim, index, -1.5), x.scatter(dim, index, src), torch.zeros_like(x).scatter_(dim, index, 2.0)
+
+    x = torch.randn(7, 9)
+    shape = (1, 9) if dim == 0 else (7, 1)
+    index = torch.randint(0, x.shape[dim], shape)
+    check(f, x, index, torch.randn(shape), expect_native=True)
+
+
+def test_cross_entropy_gradient_runs_natively():
+    logits, target = torch.randn(16, 37), torch.randint(0, 37, (16,))
+    eager_in, kiln_in = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    F.cross_entropy(eager_in, target).backward()
+    before = len(REPORTS)
+    kiln.compile(F.cross_entropy)(kiln_in, target).backward()
+    assert_same(kiln_in.grad, eager_in.grad)
+    backward = REPORTS[-1]
+    assert len(REPORTS) == before + 2 and not backward.fallbacks, backward.fallbacks

@@ -36,9 +36,11 @@ def test_norms_long_rows(dtype):
     check(f, x, w, b, expect_native=True)
 
 
-def test_conversions_naming_the_device_are_native():
+def test_conversions_and_creations_on_the_graph_device_are_native():
     def f(x):
-        return x.to(device="cuda", dtype=torch.bfloat16) * 2, x.to(device=x.device, dtype=torch.float64)
+        return (x.to(device="cuda", dtype=torch.bfloat16) * 2, x.to(device=x.device, dtype=torch.float64),
+                torch.arange(33, device=x.device) * x, torch.full((64, 33), 2.0, device=x.device) + x,
+                torch.zeros_like(x).scatter_(1, x.argmax(1, keepdim=True), 1.0))
 
     check(f, torch.randn(64, 33, device=CUDA), expect_native=True)
 

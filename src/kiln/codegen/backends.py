@@ -23,6 +23,7 @@ class Backend:
     row_scratch_limit: int  # longest row whose reused values a kernel may keep locally
     keep_loaded_rows: bool  # whether re-reading a row from memory costs more than keeping it
     unsupported_fns: frozenset = frozenset()  # element-wise functions left to ATen
+    busy_outputs: int = 0  # a reduction with fewer outputs is split across programs (0: never)
 
 
 def _cpp(options) -> Backend:
@@ -34,7 +35,10 @@ def _cpp(options) -> Backend:
         return [r.fn for r in results], sum(r.cached for r in results)
 
     # on a CPU a re-read row comes from L1: keeping a plain load would only add a store
-    return Backend("cpp", "C++", cpp.render_kernel, build, True, cpp.ROW_SCRATCH_LIMIT, False)
+    # a reduction to a few values would run on one core: split it, a few chunks per thread
+    busy_outputs = 4 * torch.get_num_threads()
+    return Backend("cpp", "C++", cpp.render_kernel, build, True, cpp.ROW_SCRATCH_LIMIT, False,
+                   busy_outputs=busy_outputs)
 
 
 def _triton(options) -> Backend:
@@ -48,8 +52,13 @@ def _triton(options) -> Backend:
         return [r.fn for r in results], sum(r.cached for r in results)
 
     unsupported = triton_math.INTERPRETER_UNSUPPORTED if triton_math.INTERPRETED else frozenset()
+    if not triton_math.INTERPRETED:
+        from kiln.runtime import compile_pool
+
+        compile_pool.warm_pool()  # workers start while the passes run
     # a persistent row lives in registers: keeping it is free, re-reading it is not
-    return Backend("triton", "Triton", tr.render_source, build, False, tr.PERSISTENT_MAX, True, unsupported)
+    return Backend("triton", "Triton", tr.render_source, build, False, tr.PERSISTENT_MAX, True, unsupported,
+                   tr.BUSY_OUTPUTS)
 
 
 _FACTORIES = {"cpp": _cpp, "triton": _triton}

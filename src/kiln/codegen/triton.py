@@ -16,6 +16,9 @@ from kiln.ir.kernel import compute_dtype
 
 # Rows up to this length are reduced in one tile (and may keep values for later stages).
 PERSISTENT_MAX = 4096
+# A reduction with fewer outputs than half this leaves most of a GPU idle (an H100/H200 has
+# 132 multiprocessors): it is split into about this many partial results.
+BUSY_OUTPUTS = 16384
 
 TL_TYPE = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.bfloat16: "tl.bfloat16",

@@ -80,6 +80,7 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
     b = Builder()
     env: dict[fx.Node, Any] = {}
     fallbacks: dict[str, str] = {}
+    device = graph_device(example_inputs)
     position = 0
     for n in gm.graph.nodes:
         if n.op == "placeholder":
@@ -92,7 +93,7 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
         elif n.op == "get_attr":
             env[n] = _tensor_constant(b, _fetch_attr(gm, n.target))
         elif n.op == "call_function":
-            env[n] = _lower_call(b, n, env, fallbacks, unsupported_fns)
+            env[n] = _lower_call(b, n, env, fallbacks, unsupported_fns, device)
         elif n.op == "output":
             fx_outs = tree_flatten(n.args[0])[0]
             outs = [env[a] if isinstance(a, fx.Node) else a for a in fx_outs]
@@ -161,7 +162,7 @@ def _tensor_constant(b: Builder, value: Any) -> Any:
 
 
 def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
-                unsupported_fns: frozenset = frozenset()) -> Any:
+                unsupported_fns: frozenset = frozenset(), device: torch.device | None = None) -> Any:
     args = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.args)
     kwargs = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.kwargs)
     val = n.meta.get("val")
@@ -178,7 +179,7 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
         fn, reason = None, "complex tensors are not lowered"
     if fn is not None:
         single = isinstance(val, torch.Tensor)
-        ctx = LowerCtx(b, n.target, tuple(val.shape) if single else None, val.dtype if single else None, n)
+        ctx = LowerCtx(b, n.target, tuple(val.shape) if single else None, val.dtype if single else None, n, device)
         try:
             first_new = len(b.nodes)
             result = fn(ctx, *args, **kwargs)

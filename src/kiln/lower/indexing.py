@@ -14,32 +14,32 @@ from kiln.lower.registry import lowering
 aten = torch.ops.aten
 
 
-def _check_device(device) -> None:
-    if device is not None and torch.device(device).type != "cpu":
-        raise Unsupported(f"tensor created on {device}")
+def _check_device(ctx: LowerCtx, device) -> None:
+    if not ctx.result_on_graph_device():
+        raise Unsupported(f"tensor created on {device}, not where the graph runs")
 
 
 @lowering(aten.full.default)
 def _full(ctx: LowerCtx, size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    _check_device(device)
+    _check_device(ctx, device)
     return core.constant(ctx.b, fill_value, ctx.out_dtype, tuple(size))
 
 
 @lowering(aten.empty.memory_format)
 def _empty(ctx: LowerCtx, size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    _check_device(device)
+    _check_device(ctx, device)
     return core.constant(ctx.b, 0, ctx.out_dtype, tuple(size))  # any value will do; zeros are cheapest
 
 
 @lowering(aten.scalar_tensor.default)
 def _scalar_tensor(ctx: LowerCtx, value, *, dtype=None, layout=None, device=None, pin_memory=None):
-    _check_device(device)
+    _check_device(ctx, device)
     return core.constant(ctx.b, value, ctx.out_dtype, ())
 
 
 @lowering(aten.full_like.default, aten.zeros_like.default, aten.ones_like.default)
 def _full_like(ctx: LowerCtx, x, fill_value=None, **kwargs):
-    _check_device(kwargs.get("device"))
+    _check_device(ctx, kwargs.get("device"))
     if fill_value is None:
         fill_value = 1 if ctx.target is aten.ones_like.default else 0
     return core.constant(ctx.b, fill_value, ctx.out_dtype, ctx.out_shape)
@@ -47,7 +47,7 @@ def _full_like(ctx: LowerCtx, x, fill_value=None, **kwargs):
 
 @lowering(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def _arange(ctx: LowerCtx, *args, dtype=None, layout=None, device=None, pin_memory=None):
-    _check_device(device)
+    _check_device(ctx, device)
     start, step = (0, 1)
     if len(args) >= 2:
         start = args[0]
@@ -69,7 +69,7 @@ def _range(ctx: LowerCtx, n: int, start, step) -> Node:
 
 @lowering(torch.ops.prims.iota.default)
 def _iota(ctx: LowerCtx, length, *, start, step, dtype, device, requires_grad):
-    _check_device(device)
+    _check_device(ctx, device)
     return _range(ctx, length, start, step)
 
 
@@ -141,6 +141,25 @@ def _index(ctx: LowerCtx, x, indices):
         i = core.reshape(ctx.b, i, (1,) * nb + bshape + (1,) * len(rest_after))
         idx_nodes.append(i)
     return gather(ctx, x, index_map, idx_nodes, shape)
+
+
+@lowering(aten.scatter.value, aten.scatter.src)
+def _scatter(ctx: LowerCtx, x, dim, index, src):
+    """One index per line along dim (the gradient of nll_loss scatters so):
+    out = where(position along dim == index, src, x), with no tensor materialized."""
+    if not x.shape:
+        raise Unsupported("scatter into a 0-d tensor")
+    dim %= len(x.shape)
+    others_match = all(index.shape[d] == x.shape[d] for d in range(len(x.shape)) if d != dim)
+    if index.shape[dim] != 1 or not others_match:
+        raise Unsupported("scatter of several values per line")
+    if isinstance(src, Node):
+        if src.shape != index.shape:
+            raise Unsupported("scatter from a source larger than its index")
+        src = core.expand(ctx.b, src, x.shape)
+    position = ctx.b.make(Op.IOTA, (), (dim, 0, 1), x.shape, torch.int64)
+    hit = core.pointwise(ctx.b, "eq", position, core.expand(ctx.b, index, x.shape))
+    return core.pointwise(ctx.b, "where", hit, src, x, out_dtype=ctx.out_dtype)
 
 
 @lowering(aten.cat.default)

@@ -165,19 +165,10 @@ def _masked_fill(ctx: LowerCtx, x, mask, value):
     return pointwise(ctx.b, "where", mask, value, x, out_dtype=ctx.out_dtype)
 
 
-def _same_device(device: torch.device, source: torch.Tensor | None) -> bool:
-    """Whether a copy to device stays on source's device ("cuda" means the current one)."""
-    if source is None or device.type != source.device.type:
-        return False
-    if device.index is None and device.type == "cuda":
-        return source.device.index == torch.cuda.current_device()
-    return device.index is None or device.index == source.device.index
-
-
 @lowering(aten._to_copy.default)
 def _to_copy(ctx: LowerCtx, x, *, dtype=None, layout=None, device=None, pin_memory=None,
              non_blocking=False, memory_format=None):
-    if device is not None and not _same_device(torch.device(device), ctx.arg_val(0)):
+    if device is not None and not ctx.result_on_graph_device():
         raise Unsupported("copy to another device")
     return cast(ctx.b, x, dtype or x.dtype)
 

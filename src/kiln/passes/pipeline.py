@@ -3,6 +3,7 @@
     attention   matmul + scale + causal mask + softmax + matmul -> one fused attention call
     import      FX graph of ATen ops -> tensor graph (unlowered ops become ATen calls)
     simplify    DCE + CSE (by rebuilding), constant folding, algebraic identities
+    split       long reductions with few outputs -> partial results + a small final reduction
     store       what must be a buffer: inputs, outputs, ATen results and arguments
     fuse        kernels: element-wise inlined, reductions fused into consumers, merges
     kernelize   kernel IR for each kernel (a reduction read off its row is stored instead);
@@ -37,6 +38,7 @@ from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, p
 from kiln.passes.kernelize import emit_kernel
 from kiln.passes.layout import Layouts
 from kiln.passes.simplify import all_rules, simplify
+from kiln.passes.split_reductions import split_reductions
 
 
 @dataclass
@@ -99,6 +101,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], backend: Backen
         graph, fired = simplify(graph, all_rules())
         fired_text = ", ".join(f"{k} x{v}" for k, v in sorted(fired.items()))
         t.summary = f"{before} -> {len(graph.nodes)} nodes" + (f"; {fired_text}" if fired_text else "")
+    with _Timer(report, "split") as t:
+        graph, split = split_reductions(graph, backend.busy_outputs)
+        t.summary = f"{split} reductions split across programs"
     report.graph_text = str(graph)
     layouts = Layouts(graph)
     with _Timer(report, "store") as t:

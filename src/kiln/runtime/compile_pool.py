@@ -122,7 +122,7 @@ def shutdown_pool() -> None:
 
 def warm_pool() -> None:
     """Start every worker now, so they import Triton while the caller does other work."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":  # nothing compiles
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" or _pool is not None:  # nothing compiles, or started
         return
     try:
         for _ in range(_worker_count()):

@@ -1,11 +1,10 @@
-"""Kernels kiln generates for a set of canonical graphs, shared by the code generation tests."""
+"""Kernels kiln generates for a set of canonical graphs, shared by the code generation tests
+(a plain module: a second conftest module would shadow tests/conftest.py)."""
 
 import os
 import subprocess
 import sys
 import textwrap
-
-import pytest
 
 GENERATE = textwrap.dedent('''
     import pickle, sys
@@ -32,13 +31,19 @@ GENERATE = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(scope="session")
-def generated_kernels(tmp_path_factory) -> str:
-    """A pickle of the kernels generated through the interpreter path (no GPU needed)."""
+_generated: dict[str, str] = {}
+
+
+def kernels_pickle(tmp_path_factory) -> str:
+    """A pickle of the kernels generated through the interpreter path (no GPU needed),
+    made once per test session."""
+    if "path" in _generated:
+        return _generated["path"]
     tmp = tmp_path_factory.mktemp("generated")
     env = dict(os.environ, KILN_CACHE_DIR=str(tmp), KILN_TARGET="triton", TRITON_INTERPRET="1")
     path = str(tmp / "kernels.pkl")
     gen = subprocess.run([sys.executable, "-c", GENERATE, path], env=env, capture_output=True, text=True,
                          timeout=600, check=False)
     assert gen.returncode == 0, gen.stderr[-4000:]
+    _generated["path"] = path
     return path

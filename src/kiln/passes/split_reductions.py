@@ -1,0 +1,78 @@
+"""Split a long reduction with few outputs across many programs.
+
+A reduction's outputs are its parallelism: the weight gradient of a LayerNorm (768 sums
+over 16384 tokens) keeps a handful of GPU programs busy while the others idle. Splitting
+the reduced extent R into S chunks gives S partial results per output, reduced in a
+second, small step:
+
+    sum(x[R, C], 0)  ->  sum(sum(x.view(S, R/S, C), 1), 0)
+
+The first step still fuses whatever produces x. Only reductions whose partial results
+combine exactly as the whole does are split (sum, prod, max, min, any, all: not argmax);
+bf16/f16 sums keep float32 partials, so the result is rounded once, as eager rounds it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kiln.ir.tensor import Builder, Graph, Node, Op
+from kiln.lower.core import cast, reshape
+from kiln.passes.simplify import simplify
+
+SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
+MIN_CHUNK = 1024  # elements each partial result reduces, at least
+
+
+def split_reductions(graph: Graph, busy_outputs: int) -> tuple[Graph, int]:
+    """Split every reduction with fewer than busy_outputs / 2 outputs over a long extent,
+    into about busy_outputs partial results; returns the new graph and how many split."""
+    if busy_outputs <= 0:
+        return graph, 0
+
+    def rule(b: Builder, n: Node) -> Node | None:
+        return _split(b, n, busy_outputs)
+
+    rule.__name__ = "split_reduction"
+    graph, fired = simplify(graph, [rule])
+    return graph, fired.get("split_reduction", 0)
+
+
+def _split(b: Builder, n: Node, busy_outputs: int) -> Node | None:
+    if n.op is not Op.REDUCE or n.attrs[0] not in SPLITTABLE:
+        return None
+    kind, axes = n.attrs
+    x = n.inputs[0]
+    outputs, extent = n.numel, math.prod(x.shape[a] for a in axes)
+    if outputs * 2 > busy_outputs or extent < 2 * MIN_CHUNK:
+        return None
+    if list(axes) == list(range(axes[0], axes[0] + len(axes))):  # adjacent: merge them first
+        first = axes[0]
+        x = reshape(b, x, x.shape[:first] + (extent,) + x.shape[first + len(axes):])
+        axes = (first,)
+    first = axes[0]
+    chunks = _chunks(x.shape[first], min(math.ceil(busy_outputs / outputs), extent // MIN_CHUNK))
+    if chunks < 2:
+        return None
+    split_shape = x.shape[:first] + (chunks, x.shape[first] // chunks) + x.shape[first + 1:]
+    x = reshape(b, x, split_shape)
+    inner_axes = (first + 1,) + tuple(a + 1 for a in axes[1:])
+    low_precision_sum = kind in ("sum", "prod") and n.dtype in (torch.bfloat16, torch.float16)
+    partial_dtype = torch.float32 if low_precision_sum else n.dtype
+    if partial_dtype != x.dtype and kind in ("sum", "prod"):
+        x = cast(b, x, partial_dtype)
+    partial_shape = tuple(s for i, s in enumerate(split_shape) if i not in inner_axes)
+    partial = b.make(Op.REDUCE, (x,), (kind, inner_axes), partial_shape, partial_dtype)
+    # the axes before the first reduced one are all kept: the chunk axis follows them
+    total = b.make(Op.REDUCE, (partial,), (kind, (first,)), n.shape, partial_dtype)
+    return cast(b, total, n.dtype)
+
+
+def _chunks(extent: int, wanted: int) -> int:
+    """The largest divisor of extent that is at most wanted (1: no split)."""
+    for s in range(min(wanted, extent), 1, -1):
+        if extent % s == 0:
+            return s
+    return 1
