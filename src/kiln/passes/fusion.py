@@ -236,7 +236,8 @@ def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
     """Kernels for every stored node that is computed, given the stored set so far."""
     widely_read = _store_widely_read(graph, stored)
     # Reductions that cannot run inside their consumers' kernels become stored; repeat
-    # until every kernel's reductions fit its domain.
+    # until every kernel's reductions fit its domain. Nested ones too: a reduction inside
+    # another's input (softmax's max inside its sum) shares that row, or is stored.
     changed = True
     while changed:
         changed = False
@@ -244,7 +245,9 @@ def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
             if n not in stored or n.op in MATERIALIZED:
                 continue
             iter_shape, axes = _domain(n, stored)
-            for r in reductions_below(n, stored):
+            for r in reductions_below(n, stored, nested=True):
+                if r in stored:
+                    continue
                 if r.inputs[0].shape != iter_shape or r.attrs[1] != axes:
                     stored[r] = f"its consumer {_label(n)} iterates {list(iter_shape)} over axes {list(axes)}"
                     changed = True

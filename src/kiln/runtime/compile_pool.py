@@ -26,9 +26,9 @@ log = logging.getLogger("kiln")
 
 # Fewer compiles than this finish sooner here than the hand-off to running workers costs.
 MIN_POOL_JOBS = 3
-# Starting workers takes ~2 s (mostly importing torch, which generated kernels pull in through
-# kiln): fewer compiles than this finish sooner here, unless warm_pool started them earlier.
-MIN_COLD_POOL_JOBS = 12
+# Starting a worker takes a few tenths of a second (a Python process that imports Triton):
+# fewer compiles than this finish sooner here, unless warm_pool started them earlier.
+MIN_COLD_POOL_JOBS = 6
 
 _pool: ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -101,13 +101,26 @@ def _main_hidden():
             sys.modules["__main__"] = main
 
 
+# Run first in each worker, through the builtin `exec` (a function of this module could only be
+# sent by importing it, and importing any kiln module would run kiln/__init__.py, which
+# imports torch: seconds per worker). It makes `kiln` a bare package, so the worker imports
+# only this module and triton_math, which need nothing but Triton.
+_LIGHT_KILN = f"""
+import sys, types
+kiln = types.ModuleType("kiln")
+kiln.__path__ = [{str(Path(__file__).resolve().parent.parent)!r}]
+sys.modules.setdefault("kiln", kiln)
+"""
+
+
 def _submit(fn, *args) -> Future:
     """Submit to the process-wide pool, made on first use. It starts a worker per task
     while all are busy, up to one per core: a batch of n jobs gets min(n, cores)."""
     global _pool
     with _pool_lock, _main_hidden():
         if _pool is None:
-            _pool = ProcessPoolExecutor(_worker_count(), mp_context=multiprocessing.get_context("spawn"))
+            _pool = ProcessPoolExecutor(_worker_count(), mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=exec, initargs=(_LIGHT_KILN,))
         return _pool.submit(fn, *args)
 
 
