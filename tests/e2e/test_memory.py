@@ -44,3 +44,16 @@ def test_concurrent_calls_from_threads_match_eager():
         for out in outs:
             torch.testing.assert_close(out, expected)
 
+
+
+def test_a_value_returned_twice_is_not_copied_but_a_clone_is():
+    def f(x):
+        y = torch.softmax(x, -1)
+        return y, y, y.clone(), x.clone()
+
+    torch._dynamo.reset()
+    x = torch.randn(8, 16)
+    a, b, c, d = kiln.compile(f)(x)
+    assert a.data_ptr() == b.data_ptr()  # one tensor in eager as well
+    assert len({a.data_ptr(), c.data_ptr(), d.data_ptr(), x.data_ptr()}) == 4
+    torch.testing.assert_close(c, torch.softmax(x, -1))

@@ -103,7 +103,8 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
                 else None
                 for a in fx_outs
             ]
-            graph.output_fresh = [_returns_new_memory(a) for a in fx_outs]
+            # an FX node returned twice is one tensor in eager too: only its first return is fresh
+            graph.output_fresh = [_returns_new_memory(a) and a not in fx_outs[:k] for k, a in enumerate(fx_outs)]
             return graph, fallbacks
         else:
             raise Unsupported(f"FX node kind {n.op} is not handled")
