@@ -23,7 +23,10 @@ class Backend:
     row_scratch_limit: int  # longest row whose reused values a kernel may keep locally
     keep_loaded_rows: bool  # whether re-reading a row from memory costs more than keeping it
     unsupported_fns: frozenset = frozenset()  # element-wise functions left to ATen
-    busy_outputs: int = 0  # a reduction with fewer outputs is split across programs (0: never)
+    # a reduction running fewer programs than this is split across more (0: never); a row
+    # is a program, a column reduction's program computes column_block outputs
+    busy_programs: int = 0
+    column_block: int = 1
 
 
 def _cpp(options) -> Backend:
@@ -36,9 +39,8 @@ def _cpp(options) -> Backend:
 
     # on a CPU a re-read row comes from L1: keeping a plain load would only add a store
     # a reduction to a few values would run on one core: split it, a few chunks per thread
-    busy_outputs = 4 * torch.get_num_threads()
     return Backend("cpp", "C++", cpp.render_kernel, build, True, cpp.ROW_SCRATCH_LIMIT, False,
-                   busy_outputs=busy_outputs)
+                   busy_programs=4 * torch.get_num_threads(), column_block=cpp.COLUMN_BLOCK)
 
 
 def _triton(options) -> Backend:
@@ -58,7 +60,7 @@ def _triton(options) -> Backend:
         compile_pool.warm_pool()  # workers start while the passes run
     # a persistent row lives in registers: keeping it is free, re-reading it is not
     return Backend("triton", "Triton", tr.render_source, build, False, tr.PERSISTENT_MAX, True, unsupported,
-                   tr.BUSY_OUTPUTS)
+                   tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK)
 
 
 _FACTORIES = {"cpp": _cpp, "triton": _triton}

@@ -16,6 +16,7 @@ from kiln.ir.kernel import compute_dtype
 
 # Rows up to this many elements keep reused values in a local array (stack, L1/L2).
 ROW_SCRATCH_LIMIT = 16384
+COLUMN_BLOCK = 64  # neighbouring outputs a column reduction computes together
 
 # Below this many points per kernel, threads cost more than they save.
 PARALLEL_MIN_WORK = 1 << 15
@@ -338,8 +339,6 @@ class _Renderer:
             self.reduce_finish(r, depth)
 
     # -------------------------------------------------------------- column reductions
-    COLUMN_BLOCK = 64
-
     def _column_values(self, names: list[tuple[str, str]], depth: int, by_reference: bool) -> None:
         """Bind the per-column accumulators of the current block point (xi) to their names."""
         for name, t in names:
@@ -356,7 +355,7 @@ class _Renderer:
     def render_column(self) -> str:
         """A block of COLUMN_BLOCK neighbouring outer points at a time: each row element is a
         contiguous SIMD loop over the block, accumulating into per-column arrays."""
-        kern, xb = self.k, self.COLUMN_BLOCK
+        kern, xb = self.k, COLUMN_BLOCK
         x = kern.outer[-1]
         params = ", ".join(
             f"{'' if p.is_output else 'const '}{STORAGE_TYPE[p.dtype]}* __restrict__ {p.name}"

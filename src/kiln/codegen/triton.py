@@ -16,9 +16,10 @@ from kiln.ir.kernel import compute_dtype
 
 # Rows up to this length are reduced in one tile (and may keep values for later stages).
 PERSISTENT_MAX = 4096
-# A reduction with fewer outputs than half this leaves most of a GPU idle (an H100/H200 has
-# 132 multiprocessors): it is split into about this many partial results.
-BUSY_OUTPUTS = 16384
+# Programs that keep a GPU busy (an H100/H200 has 132 multiprocessors): a reduction with
+# fewer is split across more.
+BUSY_PROGRAMS = 1024
+COLUMN_BLOCK = 32  # outputs one program of a column reduction computes
 
 TL_TYPE = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.bfloat16: "tl.bfloat16",
@@ -456,7 +457,7 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     if is_persistent(kernel):
         rblock = next_pow2(rnumel)
     elif k.column_reduction(kernel):
-        return min(32, next_pow2(kernel.outer_numel)), min(128, next_pow2(rnumel)), 8
+        return min(COLUMN_BLOCK, next_pow2(kernel.outer_numel)), min(128, next_pow2(rnumel)), 8
     else:
         rblock = 2048
     if interpreted:

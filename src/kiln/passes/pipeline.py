@@ -102,7 +102,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], backend: Backen
         fired_text = ", ".join(f"{k} x{v}" for k, v in sorted(fired.items()))
         t.summary = f"{before} -> {len(graph.nodes)} nodes" + (f"; {fired_text}" if fired_text else "")
     with _Timer(report, "split") as t:
-        graph, split = split_reductions(graph, backend.busy_outputs)
+        graph, split = split_reductions(graph, backend.busy_programs, backend.column_block)
         t.summary = f"{split} reductions split across programs"
     report.graph_text = str(graph)
     layouts = Layouts(graph)

@@ -26,34 +26,37 @@ SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
 MIN_CHUNK = 1024  # elements each partial result reduces, at least
 
 
-def split_reductions(graph: Graph, busy_outputs: int) -> tuple[Graph, int]:
-    """Split every reduction with fewer than busy_outputs / 2 outputs over a long extent,
-    into about busy_outputs partial results; returns the new graph and how many split."""
-    if busy_outputs <= 0:
+def split_reductions(graph: Graph, busy_programs: int, column_block: int) -> tuple[Graph, int]:
+    """Split every long reduction that would run fewer than busy_programs / 2 programs into
+    enough partial results to run about busy_programs; returns the new graph and how many
+    split. A reduction over the last axis runs a program per output; one over other axes
+    (a column reduction), a program per column_block outputs."""
+    if busy_programs <= 0:
         return graph, 0
 
     def rule(b: Builder, n: Node) -> Node | None:
-        return _split(b, n, busy_outputs)
+        return _split(b, n, busy_programs, column_block)
 
     rule.__name__ = "split_reduction"
     graph, fired = simplify(graph, [rule])
     return graph, fired.get("split_reduction", 0)
 
 
-def _split(b: Builder, n: Node, busy_outputs: int) -> Node | None:
+def _split(b: Builder, n: Node, busy_programs: int, column_block: int) -> Node | None:
     if n.op is not Op.REDUCE or n.attrs[0] not in SPLITTABLE:
         return None
     kind, axes = n.attrs
     x = n.inputs[0]
-    outputs, extent = n.numel, math.prod(x.shape[a] for a in axes)
-    if outputs * 2 > busy_outputs or extent < 2 * MIN_CHUNK:
+    extent = math.prod(x.shape[a] for a in axes)
+    programs = n.numel if axes[-1] == len(x.shape) - 1 else math.ceil(n.numel / column_block)
+    if programs * 2 > busy_programs or extent < 2 * MIN_CHUNK:
         return None
     if list(axes) == list(range(axes[0], axes[0] + len(axes))):  # adjacent: merge them first
         first = axes[0]
         x = reshape(b, x, x.shape[:first] + (extent,) + x.shape[first + len(axes):])
         axes = (first,)
     first = axes[0]
-    chunks = _chunks(x.shape[first], min(math.ceil(busy_outputs / outputs), extent // MIN_CHUNK))
+    chunks = _chunks(x.shape[first], min(math.ceil(busy_programs / programs), extent // MIN_CHUNK))
     if chunks < 2:
         return None
     split_shape = x.shape[:first] + (chunks, x.shape[first] // chunks) + x.shape[first + 1:]
