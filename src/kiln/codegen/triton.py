@@ -382,13 +382,26 @@ class _Renderer:
             self.emit(1, f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         else:
             self.emit(1, f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
-        self.emit(1, f"xmask = xindex < {kern.outer_numel}")
         if kern.reduce:
+            self.emit(1, f"xmask = xindex < {kern.outer_numel}")
             self.emit(1, "zero_row = tl.zeros([XBLOCK, 1], tl.int32)")
             self.emit(1, "zero_tile = tl.zeros([XBLOCK, RBLOCK], tl.int32)")
-        else:
+            self._decompose(1, "xindex", kern.outer)
+        elif row_tiled(kern):
+            # a program covers XBLOCK points of one line: the line's indices are computed
+            # once per program, not divided out of every point's flat index
+            *lines, inner = kern.outer
+            self.emit(1, f"xmask = xindex < {inner.extent}")
             self.emit(1, "zero_x = tl.zeros([XBLOCK], tl.int32)")
-        self._decompose(1, "xindex", kern.outer)
+            self.emit(1, f"line = {pid.replace('(0)', '(1)')}")
+            self._decompose(1, "line", lines)
+            for sym in lines:
+                self.emit(1, f"{sym.name} = {sym.name} + zero_x")
+            self.emit(1, f"{inner.name} = xindex")
+        else:
+            self.emit(1, f"xmask = xindex < {kern.outer_numel}")
+            self.emit(1, "zero_x = tl.zeros([XBLOCK], tl.int32)")
+            self._decompose(1, "xindex", kern.outer)
         if self.persistent:
             self.emit(1, "rindex = tl.arange(0, RBLOCK)[None, :]")
             self.emit(1, f"rmask = rindex < {kern.reduce_numel}")
@@ -447,9 +460,39 @@ def is_persistent(kernel: k.Kernel) -> bool:
     return bool(kernel.scratch) or not k.column_reduction(kernel)
 
 
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension
+
+
+def row_tiled(kernel: k.Kernel) -> bool:
+    """An element-wise kernel over long lines launches a program row per line (see render)."""
+    if kernel.reduce or len(kernel.outer) < 2:
+        return False
+    inner = kernel.outer[-1].extent
+    return inner >= 256 and 2 <= kernel.outer_numel // inner <= MAX_GRID_Y
+
+
+def grid(kernel: k.Kernel, config: tuple[int, int, int]) -> tuple[int, int, int]:
+    xblock = config[0]
+    if row_tiled(kernel):
+        inner = kernel.outer[-1].extent
+        return ((inner + xblock - 1) // xblock, kernel.outer_numel // inner, 1)
+    return ((kernel.outer_numel + xblock - 1) // xblock, 1, 1)
+
+
+def _line_block(inner: int) -> int:
+    """The widest tile that wastes at most an eighth of its lanes past a line's end."""
+    for xblock in (1024, 512):
+        if ((inner + xblock - 1) // xblock) * xblock - inner <= inner // 8:
+            return xblock
+    return 256
+
+
 def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     """(XBLOCK, RBLOCK, num_warps): a small heuristic; the interpreter wants few programs."""
     # defaults measured on the H200 (GPT-2 training kernels, benchmarks/tune_report.py)
+    if row_tiled(kernel):
+        return (_line_block(kernel.outer[-1].extent) if not interpreted else
+                next_pow2(min(kernel.outer[-1].extent, 4096))), 1, 4
     if not kernel.reduce:
         xblock = 512 if not interpreted else next_pow2(min(kernel.outer_numel, 4096))
         return max(xblock, 1), 1, 4
@@ -462,17 +505,20 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
         rblock = 2048
     if interpreted:
         xblock = next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock))))
-    else:
-        xblock = max(1, min(64, 4096 // rblock))
-    warps = 8 if rblock > 4096 else 4
-    return xblock, rblock, warps
+        return xblock, rblock, 4
+    if is_persistent(kernel):
+        # tiles of at least 1024 elements, 16 to 32 per thread (fastest for rows of 1000 to
+        # 4096 on the H200: benchmarks/gpu_probe.py)
+        xblock = max(1, 1024 // rblock)
+        return xblock, rblock, 2 if xblock * rblock <= 1024 else 4
+    return max(1, 4096 // rblock), rblock, 4
 
 
 def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
     """A bounded set of (XBLOCK, RBLOCK, num_warps) worth timing on a GPU, heuristic first."""
     first = launch_config(kernel, False)
     if not kernel.reduce:
-        cap = next_pow2(max(kernel.outer_numel, 1))
+        cap = next_pow2(max(kernel.outer[-1].extent if row_tiled(kernel) else kernel.outer_numel, 1))
         options = [(min(x, cap), 1, w) for x, w in ((1024, 4), (2048, 8), (512, 4), (4096, 8))]
     elif is_persistent(kernel):
         rblock = next_pow2(kernel.reduce_numel)

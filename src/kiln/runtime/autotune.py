@@ -18,10 +18,6 @@ from kiln.runtime.cache import atomic_write
 Config = tuple[int, int, int]  # XBLOCK, RBLOCK, num_warps
 
 
-def _grid(outer_numel: int, config: Config) -> tuple[int, int, int]:
-    return ((outer_numel + config[0] - 1) // config[0], 1, 1)
-
-
 def _direct_launch(compiled, grid: tuple[int, int, int]) -> Callable:
     """Call the compiled binary's launcher with everything fixed ahead: per launch, only the
     current stream is looked up (a fraction of Triton's generic launch path)."""
@@ -38,9 +34,10 @@ def _direct_launch(compiled, grid: tuple[int, int, int]) -> Callable:
 
 
 class TunedLauncher:
-    def __init__(self, name: str, outer_numel: int, jit_fn, variants: dict[Config, object], record: Path):
+    def __init__(self, name: str, grid: Callable[[Config], tuple[int, int, int]], jit_fn,
+                 variants: dict[Config, object], record: Path):
         self.__name__ = name
-        self.outer_numel = outer_numel
+        self.grid = grid
         self.jit_fn = jit_fn
         self.variants = variants
         self.record = record
@@ -55,12 +52,12 @@ class TunedLauncher:
 
     def _choose(self, config: Config) -> None:
         self.choice = config
-        self.fast = _direct_launch(self.variants[config], _grid(self.outer_numel, config))
+        self.fast = _direct_launch(self.variants[config], self.grid(config))
 
     def _tune(self, tensors) -> None:
         timings = {}
         for config, compiled in self.variants.items():
-            run = compiled[_grid(self.outer_numel, config)]
+            run = compiled[self.grid(config)]
             for _ in range(2):
                 run(*tensors, config[0], config[1])
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -81,4 +78,4 @@ class TunedLauncher:
             self.fast(*tensors, self.choice[0], self.choice[1])
         else:
             x, r, w = self.choice or next(iter(self.variants))
-            self.jit_fn[_grid(self.outer_numel, (x, r, w))](*tensors, XBLOCK=x, RBLOCK=r, num_warps=w)
+            self.jit_fn[self.grid((x, r, w))](*tensors, XBLOCK=x, RBLOCK=r, num_warps=w)

@@ -50,10 +50,10 @@ def _load(kernel: Kernel, source: str):
 
 
 def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
-    from kiln.codegen.triton import launch_config
+    from kiln.codegen.triton import grid, launch_config
 
     xblock, rblock, warps = launch_config(kernel, True)
-    launcher = jit_fn[((kernel.outer_numel + xblock - 1) // xblock,)]
+    launcher = jit_fn[grid(kernel, (xblock, rblock, warps))]
 
     def launch(*tensors):
         launcher(*tensors, XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
@@ -69,11 +69,14 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
     if interpreted() or not jobs:
         return [TritonBuild(_interpreted_launcher(kernel, fn), cached)
                 for (kernel, _), (fn, _, cached) in zip(jobs, loaded)]
+    from kiln.codegen.triton import grid
+
     kernels = [(kernel, path) for (kernel, _), (_, path, _) in zip(jobs, loaded)]
     all_variants = compile_variants(kernels, _current_target(), autotune)
     builds = []
     for (kernel, path), (jit_fn, _, cached), variants in zip(kernels, loaded, all_variants):
-        launcher = TunedLauncher(kernel.name, kernel.outer_numel, jit_fn, variants, path.with_suffix(".tune.json"))
+        launcher = TunedLauncher(kernel.name, functools.partial(grid, kernel), jit_fn, variants,
+                                 path.with_suffix(".tune.json"))
         builds.append(TritonBuild(launcher, cached))
     return builds
 
