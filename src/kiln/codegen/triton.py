@@ -479,39 +479,28 @@ def grid(kernel: k.Kernel, config: tuple[int, int, int]) -> tuple[int, int, int]
     return ((kernel.outer_numel + xblock - 1) // xblock, 1, 1)
 
 
-def _line_block(inner: int) -> int:
-    """The widest tile that wastes at most an eighth of its lanes past a line's end."""
-    for xblock in (1024, 512):
-        if ((inner + xblock - 1) // xblock) * xblock - inner <= inner // 8:
-            return xblock
-    return 256
-
-
 def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
-    """(XBLOCK, RBLOCK, num_warps): a small heuristic; the interpreter wants few programs."""
-    # defaults measured on the H200 (GPT-2 training kernels, benchmarks/tune_report.py)
-    if row_tiled(kernel):
-        return (_line_block(kernel.outer[-1].extent) if not interpreted else
-                next_pow2(min(kernel.outer[-1].extent, 4096))), 1, 4
+    """(XBLOCK, RBLOCK, num_warps): a small heuristic; the interpreter wants few programs.
+    The defaults are the configurations autotuning picked most often for GPT-2's training
+    kernels on the H200 (`python -m benchmarks.gpu_train --variants kiln-autotune`)."""
     if not kernel.reduce:
-        xblock = 512 if not interpreted else next_pow2(min(kernel.outer_numel, 4096))
-        return max(xblock, 1), 1, 4
+        extent = kernel.outer[-1].extent if row_tiled(kernel) else kernel.outer_numel
+        # wide tiles win even when a line's end masks off part of the last one
+        return next_pow2(min(extent, 4096 if interpreted else 1024)), 1, 4
     rnumel = kernel.reduce_numel
     if is_persistent(kernel):
         rblock = next_pow2(rnumel)
     elif k.column_reduction(kernel):
+        if rnumel <= 64:  # short columns (the last step of a split reduction): wide tiles
+            return min(128, next_pow2(kernel.outer_numel)), next_pow2(rnumel), 4
         return min(COLUMN_BLOCK, next_pow2(kernel.outer_numel)), min(128, next_pow2(rnumel)), 8
     else:
         rblock = 2048
     if interpreted:
-        xblock = next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock))))
-        return xblock, rblock, 4
-    if is_persistent(kernel):
-        # tiles of at least 1024 elements, 16 to 32 per thread (fastest for rows of 1000 to
-        # 4096 on the H200: benchmarks/gpu_probe.py)
-        xblock = max(1, 1024 // rblock)
-        return xblock, rblock, 2 if xblock * rblock <= 1024 else 4
-    return max(1, 4096 // rblock), rblock, 4
+        return next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock)))), rblock, 4
+    if not is_persistent(kernel):
+        return 1, rblock, 8
+    return max(1, min(64, 4096 // rblock)), rblock, 4
 
 
 def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
