@@ -57,3 +57,19 @@ def test_a_value_returned_twice_is_not_copied_but_a_clone_is():
     assert a.data_ptr() == b.data_ptr()  # one tensor in eager as well
     assert len({a.data_ptr(), c.data_ptr(), d.data_ptr(), x.data_ptr()}) == 4
     torch.testing.assert_close(c, torch.softmax(x, -1))
+
+
+def test_inputs_are_released_after_their_last_read():
+    # with the boxed calling convention the host program holds the only reference to its
+    # inputs: a backward frees each saved activation once read for the last time
+    from kiln.frontend.backend import REPORTS
+
+    def f(x, w):
+        return torch.relu(torch.tanh(x) @ w) + 1
+
+    torch._dynamo.reset()
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    torch.testing.assert_close(kiln.compile(f)(x, w), f(x, w))
+    host = REPORTS[-1].host_source
+    last_kernel = host.rindex("kernel")
+    assert "del arg0" in host and host.index("del arg0") < last_kernel, host

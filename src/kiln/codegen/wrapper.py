@@ -184,9 +184,11 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             if step in layout_checked:
                 stride = layouts(step)
                 lines.append(_checked_layout(name, stride, step.dtype))
-        # release what this step read for the last time
+        # release what this step read for the last time; inputs too: with the boxed calling
+        # convention (args.clear() above) a backward's saved activations are freed here, one
+        # layer at a time, instead of when the whole backward returns
         for r in sorted(reads_by_step[k], key=lambda n: n.id):
-            if last_use.get(r) == k and r not in outputs and r.op not in (Op.INPUT,):
+            if last_use.get(r) == k and r not in outputs:
                 if r in slot_of:
                     free_slots.setdefault(slots[slot_of[r]], []).append(slot_of[r])
                 else:
