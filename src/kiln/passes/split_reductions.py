@@ -23,7 +23,8 @@ from kiln.lower.core import cast, reshape
 from kiln.passes.simplify import simplify
 
 SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
-MIN_CHUNK = 1024  # elements each partial result reduces, at least
+MIN_EXTENT = 2048  # shorter reductions are not worth a second step
+MIN_CHUNK = 256  # elements each partial result reduces, at least
 
 
 def split_reductions(graph: Graph, busy_programs: int, column_block: int) -> tuple[Graph, int]:
@@ -49,7 +50,7 @@ def _split(b: Builder, n: Node, busy_programs: int, column_block: int) -> Node |
     x = n.inputs[0]
     extent = math.prod(x.shape[a] for a in axes)
     programs = n.numel if axes[-1] == len(x.shape) - 1 else math.ceil(n.numel / column_block)
-    if programs * 2 > busy_programs or extent < 2 * MIN_CHUNK:
+    if programs * 2 > busy_programs or extent < MIN_EXTENT:
         return None
     if list(axes) == list(range(axes[0], axes[0] + len(axes))):  # adjacent: merge them first
         first = axes[0]
