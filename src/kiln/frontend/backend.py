@@ -10,11 +10,11 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
-from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from kiln.codegen.backends import get_backend, resolve_target, target_problem
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
+from kiln.frontend.partition import PartitionSummary, partition
 from kiln.options import Options, env_debug
 
 log = logging.getLogger("kiln")
@@ -42,7 +42,8 @@ def _unsupported_reason(example_inputs: list[Any], target: str) -> str | None:
     return None
 
 
-def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: Options) -> Callable:
+def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: Options,
+                       partition_summary: PartitionSummary | None = None) -> Callable:
     """Compile one ATen graph; on any failure, return the graph itself (runs in ATen)."""
     device = graph_device(example_inputs)
     target = resolve_target(options.target, device)
@@ -52,6 +53,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
             from kiln.passes.pipeline import compile_graph
 
             fn, report = compile_graph(gm, example_inputs, get_backend(target, options))
+            report.partition = partition_summary
             REPORTS.append(report)
             fn._boxed_call = True
             if options.mode == "reduce-overhead" and device.type == "cuda":
@@ -75,15 +77,21 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options
         log.warning("kiln: graph runs in eager PyTorch by design: %s", eager_only)
         return gm.forward
 
-    def compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
+    summary = PartitionSummary()  # filled when a training graph is split (forward first)
+
+    def fw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
+        split = summary if summary.saved or summary.recomputed else None
+        return compile_aten_graph(g, inputs, options, split)
+
+    def bw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
         return compile_aten_graph(g, inputs, options)
 
+    def partition_fn(joint, joint_inputs, **kwargs):
+        return partition(joint, joint_inputs, summary=summary, **kwargs)
+
     try:
-        # the min-cut partitioner recomputes cheap element-wise values in the backward
-        # instead of saving them: less memory traffic and a lower peak
-        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler,
-                                     partition_fn=min_cut_rematerialization_partition,
-                                     decompositions=decomposition_table())
+        return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+                                     partition_fn=partition_fn, decompositions=decomposition_table())
     except (torch._dynamo.exc.RestartAnalysis, *torch._dynamo.exc.exceptions_allowed_to_be_fallback):
         raise  # Dynamo's own control flow: it re-traces the frame, or breaks the graph there
     except Exception as e:  # noqa: BLE001 - tracing failed (e.g. a decomposition): run the graph as is

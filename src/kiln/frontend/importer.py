@@ -104,7 +104,8 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
                 for a in fx_outs
             ]
             # an FX node returned twice is one tensor in eager too: only its first return is fresh
-            graph.output_fresh = [_returns_new_memory(a) and a not in fx_outs[:k] for k, a in enumerate(fx_outs)]
+            graph.output_fresh = [_returns_new_memory(a) and a not in fx_outs[:k]
+                                  for k, a in enumerate(fx_outs)]
             return graph, fallbacks
         else:
             raise Unsupported(f"FX node kind {n.op} is not handled")
@@ -180,7 +181,8 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
         fn, reason = None, "complex tensors are not lowered"
     if fn is not None:
         single = isinstance(val, torch.Tensor)
-        ctx = LowerCtx(b, n.target, tuple(val.shape) if single else None, val.dtype if single else None, n, device)
+        ctx = LowerCtx(b, n.target, tuple(val.shape) if single else None, val.dtype if single else None,
+                       n, device)
         try:
             first_new = len(b.nodes)
             result = fn(ctx, *args, **kwargs)

@@ -59,6 +59,7 @@ class CompileReport:
     sources: dict[str, str] = field(default_factory=dict)
     host_source: str = ""
     cache_hits: int = 0
+    partition: Any = None  # a training forward's PartitionSummary: what it saves, what is recomputed
 
     @property
     def num_kernels(self) -> int:

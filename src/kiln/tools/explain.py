@@ -28,6 +28,8 @@ def report_text(report: CompileReport, show_kernels: bool = False, show_source: 
     lines = ["passes:"]
     for p in report.passes:
         lines.append(f"  {p.name:<15} {p.seconds * 1e3:8.1f} ms  {p.summary}")
+    if report.partition is not None:
+        lines.append(report.partition.text())
     lines.append(f"kernels: {report.num_kernels}")
     for k in report.kernels:
         lines.append(f"  {kernel_summary(k)}")

@@ -1,0 +1,64 @@
+"""The training split: AOTAutograd's joint graph cut into a forward and a backward graph by
+the min-cut partitioner, which saves what is costly to recompute and recomputes cheap
+element-wise values in the backward instead of storing them (less memory, less traffic).
+kiln records what was saved and what is recomputed, for `kiln explain`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+
+@dataclass
+class PartitionSummary:
+    saved: list[tuple[str, str]] = field(default_factory=list)  # (forward value, type)
+    saved_bytes: int = 0
+    recomputed: list[str] = field(default_factory=list)  # forward ops the backward computes again
+
+    def text(self, show: int = 12) -> str:
+        saved = ", ".join(f"{name} {t}" for name, t in self.saved[:show])
+        if len(self.saved) > show:
+            saved += f", ... ({len(self.saved) - show} more)"
+        ops = sorted({name.rstrip("_0123456789") for name in self.recomputed})
+        return (f"training split (min-cut): the forward saves {len(self.saved)} tensors "
+                f"({_size(self.saved_bytes)}) for the backward: {saved or '-'}\n"
+                f"  the backward recomputes {len(self.recomputed)} forward values instead of saving them"
+                + (f": {', '.join(ops)}" if ops else ""))
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+
+
+def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, summary: PartitionSummary,
+              **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
+    fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                                 **kwargs)
+    outputs = fw.graph.find_nodes(op="output")[0].args[0]
+    for node in outputs[num_fwd_outputs:]:
+        val = node.meta.get("val") if isinstance(node, fx.Node) else None
+        if isinstance(val, torch.Tensor):
+            summary.saved.append((node.name, f"{str(val.dtype).replace('torch.', '')}{list(val.shape)}"))
+            summary.saved_bytes += val.numel() * val.element_size()
+    forward = _forward_values(joint)
+    summary.recomputed = [n.name for n in bw.graph.nodes if n.op == "call_function" and n.name in forward]
+    return fw, bw
+
+
+def _forward_values(joint: fx.GraphModule) -> set[str]:
+    """Names of the joint graph's computed nodes that do not depend on any gradient input."""
+    backward: set[fx.Node] = set()
+    forward: set[str] = set()
+    for n in joint.graph.nodes:
+        if n.op == "placeholder" and n.name.startswith("tangents"):
+            backward.add(n)
+        elif n.op == "call_function":
+            if any(a in backward for a in n.all_input_nodes):
+                backward.add(n)
+            else:
+                forward.add(n.name)
+    return forward
