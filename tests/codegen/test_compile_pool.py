@@ -41,6 +41,12 @@ def cache_hits(monkeypatch, tmp_path):
     return hits
 
 
+@pytest.fixture
+def pool_for_three(monkeypatch):
+    """Send batches of three compiles to the workers (the default waits for more)."""
+    monkeypatch.setattr(compile_pool, "MIN_POOL_JOBS", 3)
+
+
 def _raise_in_worker(args, cache_dir):
     raise RuntimeError("worker failure for the test")
 
@@ -55,7 +61,8 @@ def test_few_compiles_do_not_start_workers(kernels, cache_hits):
     assert compile_pool._pool is None and cache_hits == [False] * 3
 
 
-def test_workers_compile_and_this_process_loads_from_cache(kernels, cache_hits, monkeypatch, tmp_path):
+def test_workers_compile_and_this_process_loads_from_cache(kernels, cache_hits, monkeypatch, tmp_path,
+                                                          pool_for_three):
     compile_pool.warm_pool()
     variants = compile_variants(kernels, SM90)
     assert len(cache_hits) == len(kernels) >= compile_pool.MIN_POOL_JOBS
@@ -67,7 +74,8 @@ def test_workers_compile_and_this_process_loads_from_cache(kernels, cache_hits, 
     assert direct.hash == pooled.hash and direct.asm["cubin"] == pooled.asm["cubin"]
 
 
-def test_a_failed_worker_compile_falls_back_to_this_process(kernels, cache_hits, monkeypatch, caplog):
+def test_a_failed_worker_compile_falls_back_to_this_process(kernels, cache_hits, monkeypatch, caplog,
+                                                           pool_for_three):
     monkeypatch.setattr(compile_pool, "_compile_in_worker", _raise_in_worker)
     compile_pool.warm_pool()
     with caplog.at_level(logging.WARNING, logger="kiln"):
@@ -77,7 +85,7 @@ def test_a_failed_worker_compile_falls_back_to_this_process(kernels, cache_hits,
     assert cache_hits == [False] * 3
 
 
-def test_compiles_survive_workers_that_die(kernels, cache_hits, monkeypatch, caplog):
+def test_compiles_survive_workers_that_die(kernels, cache_hits, monkeypatch, caplog, pool_for_three):
     with monkeypatch.context() as m, caplog.at_level(logging.WARNING, logger="kiln"):
         m.setattr(compile_pool, "_compile_in_worker", _exit_in_worker)
         compile_pool.warm_pool()
