@@ -171,6 +171,32 @@ def make_gpt2(small: bool = False) -> Workload:
     return Workload(model, (ids,), tensor_bytes(ids, hidden, *weights) + used_rows)
 
 
+# --- (7) a small GPT-2 training step (forward, loss, backward) -------------------------------
+
+
+def make_gpt2_train(small: bool = False) -> Workload:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _seeded()
+    batch, seq = (1, 16) if small else (4, 128)
+    embd, heads = (64, 2) if small else (256, 4)
+    config = GPT2Config(n_layer=2, n_embd=embd, n_head=heads, n_positions=max(seq, 128), vocab_size=1024 if small
+                        else 8192, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    model = GPT2LMHeadModel(config).train()
+
+    def train_step(ids: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            model.zero_grad(set_to_none=True)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        return loss.detach()
+
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    # each weight read by the forward and by the backward, and its gradient written
+    return Workload(train_step, (ids,), 3 * tensor_bytes(*model.parameters()) + tensor_bytes(ids))
+
+
 CASES: list[Case] = [
     Case("elementwise", "20-op element-wise chain (mul/add/exp/tanh/sigmoid/where/sqrt), 2048x2048 f32",
          make_elementwise),
@@ -180,6 +206,8 @@ CASES: list[Case] = [
     Case("masked_softmax", "scaled causal-masked softmax 16x8x256x256 f32", make_masked_softmax),
     Case("swiglu_ffn", "RMSNorm+SwiGLU FFN 512x1024, hidden 2816 f32 (matmuls in ATen)", make_swiglu_ffn),
     Case("gpt2", "GPT-2 body, 2 layers, n_embd 256, 4 heads, batch 4 x seq 128 f32", make_gpt2),
+    Case("gpt2_train", "GPT-2 training step (forward, loss, backward), 2 layers, n_embd 256, vocab 8192, "
+         "batch 4 x seq 128 f32", make_gpt2_train),
 ]
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}

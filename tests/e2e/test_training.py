@@ -101,3 +101,30 @@ def test_explain_of_inference_has_no_training_split():
     with torch.no_grad():
         text = kiln.explain(nn.Linear(8, 8), torch.randn(4, 8))
     assert "training split" not in text
+
+
+def test_a_compiled_training_step_leaves_kiln_untraced():
+    # loss.backward() inside a compiled function compiles and runs the backward from there:
+    # Dynamo must not trace kiln's compiler or host program (a graph break at every kernel)
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    eager = Net()
+    model = copy.deepcopy(eager)
+
+    def step(m, x, y):
+        m.zero_grad(set_to_none=True)
+        loss = m(x, y)
+        loss.backward()
+        return loss.detach()
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = kiln.compile(step)
+    for _ in range(2):
+        x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+        torch.testing.assert_close(compiled(model, x, y), step(eager, x, y), rtol=1e-5, atol=1e-6)
+    for pe, pk in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(pk.grad, pe.grad, rtol=1e-4, atol=1e-6)
+    breaks = dict(counters["graph_break"])
+    assert breaks and all("Tensor.backward()" in reason for reason in breaks), breaks

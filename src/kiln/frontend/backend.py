@@ -69,6 +69,20 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
     return make_boxed_func(gm.forward)
 
 
+def _untraced(fn: Callable) -> Callable:
+    """A compiled backward, hidden from Dynamo. Dynamo runs a compiled forward untraced
+    itself, but a backward runs from the autograd engine, possibly inside a compiled
+    function (a training step that calls loss.backward()), where Dynamo would trace the
+    host program and break its graph at every kernel call."""
+
+    @torch.compiler.disable
+    def run(args: list) -> Any:
+        return fn(args)
+
+    run._boxed_call = True
+    return run
+
+
 def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options | None = None) -> Callable:
     """torch.compile(model, backend="kiln")."""
     options = options or Options()
@@ -83,8 +97,9 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options
         split = summary if summary.saved or summary.recomputed else None
         return compile_aten_graph(g, inputs, options, split)
 
+    @torch.compiler.disable  # compiled at the first backward, maybe inside a compiled function
     def bw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
-        return compile_aten_graph(g, inputs, options)
+        return _untraced(compile_aten_graph(g, inputs, options))
 
     def partition_fn(joint, joint_inputs, **kwargs):
         return partition(joint, joint_inputs, summary=summary, **kwargs)
