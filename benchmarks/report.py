@@ -263,7 +263,14 @@ def write_markdown(path: str, results: list[CaseResult], *, command: str, starte
         READING_NOTES.format(repeat=repeat),
     ]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(parts))
+    Path(path).write_text("\n".join(parts) + _gpu_section(Path(path)))
+
+
+def _gpu_section(path: Path) -> str:
+    """The file's GPU part (written from runs on a GPU machine), kept as it is."""
+    text = path.read_text() if path.exists() else ""
+    start = text.find("\n# kiln benchmarks (GPU")
+    return "\n" + text[start:] if start >= 0 else ""
 
 
 def _failures(results: list[CaseResult]) -> str:
