@@ -198,14 +198,17 @@ def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alia
 
 # A value inlined into several consumers is recomputed by each. When computing it reads
 # this many stored tensors or more (a residual stream adding up every earlier layer's
-# output), storing it once moves fewer bytes than recomputing it everywhere.
+# output), storing it once may move fewer bytes than recomputing it everywhere.
 RECOMPUTE_READ_LIMIT = 3
 
 
 def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
-    """Store such values; returns them."""
+    """Store such values where that moves fewer bytes; returns them. Recomputing costs each
+    consuming kernel the reads it would not do anyway (a LayerNorm gradient's kernel reads
+    the same tensors its inlined values read: for it recomputing is free); storing costs a
+    write and one read per consumer."""
     chosen: set[Node] = set()
-    kernels_reading: dict[Node, int] = {n: 0 for n in graph.nodes}
+    consumers: dict[Node, list[Node]] = {n: [] for n in graph.nodes}
     for root in graph.nodes:
         if root in stored and root.op not in MATERIALIZED:
             seen, stack = set(), list(root.inputs)
@@ -214,7 +217,7 @@ def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
                 if n in seen or n in stored:
                     continue
                 seen.add(n)
-                kernels_reading[n] += 1
+                consumers[n].append(root)
                 stack.extend(n.inputs)
     reads: dict[Node, frozenset] = {}
     for n in graph.nodes:
@@ -222,13 +225,34 @@ def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
             reads[n] = frozenset((n,))
             continue
         reads[n] = frozenset().union(*(reads[i] for i in n.inputs)) if n.inputs else frozenset()
-        if (n.op in (Op.POINTWISE, Op.GATHER) and kernels_reading[n] >= 2
-                and len(reads[n]) >= RECOMPUTE_READ_LIMIT):
-            stored[n] = (f"inlined into {kernels_reading[n]} kernels, each re-reading {len(reads[n])} "
-                         f"tensors: stored once instead")
-            reads[n] = frozenset((n,))
-            chosen.add(n)
+        kernels = consumers[n]
+        if (n.op in (Op.POINTWISE, Op.GATHER) and len(kernels) >= 2 and len(reads[n]) >= RECOMPUTE_READ_LIMIT):
+            recompute = sum(_nbytes(t) for root in kernels for t in reads[n] - _reads_besides(root, n, stored))
+            if recompute > _nbytes(n) * (1 + len(kernels)):
+                stored[n] = (f"inlined into {len(kernels)} kernels, each re-reading up to {len(reads[n])} "
+                             f"tensors: stored once instead")
+                reads[n] = frozenset((n,))
+                chosen.add(n)
     return chosen
+
+
+def _nbytes(n: Node) -> int:
+    return n.numel * n.dtype.itemsize
+
+
+def _reads_besides(root: Node, skip: Node, stored) -> set[Node]:
+    """The stored tensors root's kernel reads other than through skip."""
+    found, seen, stack = set(), set(), list(root.inputs)
+    while stack:
+        n = stack.pop()
+        if n in seen or n is skip:
+            continue
+        seen.add(n)
+        if n in stored:
+            found.add(n)
+        else:
+            stack.extend(n.inputs)
+    return found
 
 
 def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
