@@ -63,7 +63,6 @@ def test_few_compiles_do_not_start_workers(kernels, cache_hits):
 
 def test_workers_compile_and_this_process_loads_from_cache(kernels, cache_hits, monkeypatch, tmp_path,
                                                           pool_for_three):
-    compile_pool.warm_pool()
     variants = compile_variants(kernels, SM90)
     assert len(cache_hits) == len(kernels) >= compile_pool.MIN_POOL_JOBS
     assert all(cache_hits)
@@ -77,7 +76,6 @@ def test_workers_compile_and_this_process_loads_from_cache(kernels, cache_hits, 
 def test_a_failed_worker_compile_falls_back_to_this_process(kernels, cache_hits, monkeypatch, caplog,
                                                            pool_for_three):
     monkeypatch.setattr(compile_pool, "_compile_in_worker", _raise_in_worker)
-    compile_pool.warm_pool()
     with caplog.at_level(logging.WARNING, logger="kiln"):
         variants = compile_variants(kernels[:3], SM90)
     assert all(v.asm["cubin"] for vs in variants for v in vs.values())
@@ -88,10 +86,8 @@ def test_a_failed_worker_compile_falls_back_to_this_process(kernels, cache_hits,
 def test_compiles_survive_workers_that_die(kernels, cache_hits, monkeypatch, caplog, pool_for_three):
     with monkeypatch.context() as m, caplog.at_level(logging.WARNING, logger="kiln"):
         m.setattr(compile_pool, "_compile_in_worker", _exit_in_worker)
-        compile_pool.warm_pool()
         variants = compile_variants(kernels[:3], SM90)
     assert all(v.asm["cubin"] for vs in variants for v in vs.values())
     assert "workers stopped" in caplog.text and compile_pool._pool is None
-    compile_pool.warm_pool()
     compile_variants(kernels[3:6], SM90)
     assert cache_hits == [False] * 3 + [True] * 3

@@ -54,10 +54,6 @@ def _triton(options) -> Backend:
         return [r.fn for r in results], sum(r.cached for r in results)
 
     unsupported = triton_math.INTERPRETER_UNSUPPORTED if triton_math.INTERPRETED else frozenset()
-    if not triton_math.INTERPRETED:
-        from kiln.runtime import compile_pool
-
-        compile_pool.warm_pool()  # workers start while the passes run
     # a persistent row lives in registers: keeping it is free, re-reading it is not
     return Backend("triton", "Triton", tr.render_source, build, False, tr.PERSISTENT_MAX, True, unsupported,
                    tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK)

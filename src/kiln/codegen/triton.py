@@ -372,12 +372,15 @@ class _Renderer:
             self.emit(depth, f"{sym.name} = {expr}")
             stride *= sym.extent
 
+    def _program_id(self, axis: int) -> str:
+        return f"tl.program_id({axis}).to(tl.int64)" if self.wide else f"tl.program_id({axis})"
+
     def render(self) -> str:
         kern = self.k
         params = ", ".join(p.name for p in kern.params)
         self.emit(0, "@triton.jit")
         self.emit(0, f"def {kern.name}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):")
-        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        pid = self._program_id(0)
         if kern.reduce:
             self.emit(1, f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         else:
@@ -393,7 +396,7 @@ class _Renderer:
             *lines, inner = kern.outer
             self.emit(1, f"xmask = xindex < {inner.extent}")
             self.emit(1, "zero_x = tl.zeros([XBLOCK], tl.int32)")
-            self.emit(1, f"line = {pid.replace('(0)', '(1)')}")
+            self.emit(1, f"line = {self._program_id(1)}")
             self._decompose(1, "line", lines)
             for sym in lines:
                 self.emit(1, f"{sym.name} = {sym.name} + zero_x")
@@ -471,6 +474,11 @@ def row_tiled(kernel: k.Kernel) -> bool:
     return inner >= 256 and 2 <= kernel.outer_numel // inner <= MAX_GRID_Y
 
 
+def _tiled_extent(kernel: k.Kernel) -> int:
+    """The points an element-wise kernel's XBLOCK tiles: a line's, or the whole domain's."""
+    return kernel.outer[-1].extent if row_tiled(kernel) else kernel.outer_numel
+
+
 def grid(kernel: k.Kernel, config: tuple[int, int, int]) -> tuple[int, int, int]:
     xblock = config[0]
     if row_tiled(kernel):
@@ -484,9 +492,8 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     The defaults are the configurations autotuning picked most often for GPT-2's training
     kernels on the H200 (`python -m benchmarks.gpu_train --variants kiln-autotune`)."""
     if not kernel.reduce:
-        extent = kernel.outer[-1].extent if row_tiled(kernel) else kernel.outer_numel
         # wide tiles win even when a line's end masks off part of the last one
-        return next_pow2(min(extent, 4096 if interpreted else 1024)), 1, 4
+        return next_pow2(min(_tiled_extent(kernel), 4096 if interpreted else 1024)), 1, 4
     rnumel = kernel.reduce_numel
     if is_persistent(kernel):
         rblock = next_pow2(rnumel)
@@ -507,7 +514,7 @@ def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
     """A bounded set of (XBLOCK, RBLOCK, num_warps) worth timing on a GPU, heuristic first."""
     first = launch_config(kernel, False)
     if not kernel.reduce:
-        cap = next_pow2(max(kernel.outer[-1].extent if row_tiled(kernel) else kernel.outer_numel, 1))
+        cap = next_pow2(max(_tiled_extent(kernel), 1))
         options = [(min(x, cap), 1, w) for x, w in ((1024, 4), (2048, 8), (512, 4), (4096, 8))]
     elif is_persistent(kernel):
         rblock = next_pow2(kernel.reduce_numel)

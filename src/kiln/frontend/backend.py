@@ -91,18 +91,18 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options
         log.warning("kiln: graph runs in eager PyTorch by design: %s", eager_only)
         return gm.forward
 
-    summary = PartitionSummary()  # filled when a training graph is split (forward first)
+    splits: list[PartitionSummary] = []  # one when AOTAutograd splits a training graph
 
     def fw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
-        split = summary if summary.saved or summary.recomputed else None
-        return compile_aten_graph(g, inputs, options, split)
+        return compile_aten_graph(g, inputs, options, splits[-1] if splits else None)
 
     @torch.compiler.disable  # compiled at the first backward, maybe inside a compiled function
     def bw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
         return _untraced(compile_aten_graph(g, inputs, options))
 
     def partition_fn(joint, joint_inputs, **kwargs):
-        return partition(joint, joint_inputs, summary=summary, **kwargs)
+        splits.append(PartitionSummary())
+        return partition(joint, joint_inputs, summary=splits[-1], **kwargs)
 
     try:
         return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler, bw_compiler=bw_compiler,

@@ -52,20 +52,20 @@ def _split(b: Builder, n: Node, busy_programs: int, column_block: int) -> Node |
     programs = n.numel if axes[-1] == len(x.shape) - 1 else math.ceil(n.numel / column_block)
     if programs * 2 > busy_programs or extent < MIN_EXTENT:
         return None
-    if list(axes) == list(range(axes[0], axes[0] + len(axes))):  # adjacent: merge them first
-        first = axes[0]
+    first = axes[0]
+    if list(axes) == list(range(first, first + len(axes))):  # adjacent: merge them first
         x = reshape(b, x, x.shape[:first] + (extent,) + x.shape[first + len(axes):])
         axes = (first,)
-    first = axes[0]
     chunks = _chunks(x.shape[first], min(math.ceil(busy_programs / programs), extent // MIN_CHUNK))
     if chunks < 2:
         return None
     split_shape = x.shape[:first] + (chunks, x.shape[first] // chunks) + x.shape[first + 1:]
     x = reshape(b, x, split_shape)
     inner_axes = (first + 1,) + tuple(a + 1 for a in axes[1:])
-    low_precision_sum = kind in ("sum", "prod") and n.dtype in (torch.bfloat16, torch.float16)
-    partial_dtype = torch.float32 if low_precision_sum else n.dtype
-    if partial_dtype != x.dtype and kind in ("sum", "prod"):
+    # low-precision sums and products keep float32 partials (max, min, any, all are exact)
+    low_precision = kind in ("sum", "prod") and n.dtype in (torch.bfloat16, torch.float16)
+    partial_dtype = torch.float32 if low_precision else n.dtype
+    if partial_dtype != x.dtype:
         x = cast(b, x, partial_dtype)
     partial_shape = tuple(s for i, s in enumerate(split_shape) if i not in inner_axes)
     partial = b.make(Op.REDUCE, (x,), (kind, inner_axes), partial_shape, partial_dtype)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 log = logging.getLogger("kiln")
 
-# A worker's first compile also sets up Triton's CUDA backend, which this process has done
-# already: on the H200 a graph of 3 kernels took 1.2 s through the workers and 0.2 s here.
-# Fewer compiles than this run here.
+# Fewer compiles than this run here. On the H200 a 3-kernel graph took 1.2 s to compile cold
+# through the workers, against 0.2 s before they existed (most likely each worker's first
+# compile setting up Triton's CUDA backend, which this process has done already).
 MIN_POOL_JOBS = 8
 
 _pool: ProcessPoolExecutor | None = None
@@ -76,13 +76,6 @@ def _compile_in_worker(args: CompileArgs, cache_dir: str) -> str:
     return compile_in_process(args).hash
 
 
-def _import_compiler() -> None:
-    """In a worker: import what every compile needs, ahead of the first one."""
-    import triton.compiler  # noqa: F401
-
-    import kiln.codegen.triton_math  # noqa: F401 - generated kernels import it
-
-
 def _worker_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -130,17 +123,6 @@ def shutdown_pool() -> None:
         pool, _pool = _pool, None
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
-
-
-def warm_pool() -> None:
-    """Start every worker now, so they import Triton while the caller does other work."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1" or _pool is not None:  # nothing compiles, or started
-        return
-    try:
-        for _ in range(_worker_count()):
-            _submit(_import_compiler)
-    except Exception as e:  # noqa: BLE001 - compiles then run in this process
-        log.warning("kiln: could not start Triton compile workers (%s)", e)
 
 
 def _submit_all(jobs: list[CompileArgs]) -> list[Future]:
