@@ -145,8 +145,8 @@ def _worker_hash(future: Future, args: CompileArgs) -> str | None:
     except BrokenProcessPool:
         raise
     except Exception as e:  # noqa: BLE001 - this process compiles it, and raises any real error
-        log.warning("kiln: compiling Triton kernel %s in a worker failed (%s: %s); compiling it in this process",
-                    args.kernel_name, type(e).__name__, e)
+        log.warning("kiln: compiling Triton kernel %s in a worker failed (%s: %s); "
+                    "compiling it in this process", args.kernel_name, type(e).__name__, e)
     return None
 
 
