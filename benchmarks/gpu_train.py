@@ -102,7 +102,7 @@ def write_explain(folder: str) -> None:
                 f.write(f"\n# {name}\n{source}\n")
 
 
-def print_profile(variant: str, step, top: int = 30) -> None:
+def print_profile(variant: str, step, top: int = 45) -> None:
     """GPU time per kernel name over two steps, largest first."""
     from torch.profiler import ProfilerActivity, profile
 
