@@ -128,3 +128,26 @@ def test_a_compiled_training_step_leaves_kiln_untraced():
         torch.testing.assert_close(pk.grad, pe.grad, rtol=1e-4, atol=1e-6)
     breaks = dict(counters["graph_break"])
     assert breaks and all("Tensor.backward()" in reason for reason in breaks), breaks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_gradient_is_one_pass_over_the_logits(dtype):
+    # nll_loss's one-hot gradient summed over the classes is its one non-zero term: the
+    # backward reads the logits once, in one kernel, with no reduction over the classes
+    from kiln.frontend.backend import REPORTS
+
+    def f(logits, target):
+        return F.cross_entropy(logits.float(), target, ignore_index=-100)
+
+    logits = torch.randn(64, 1000, dtype=dtype, requires_grad=True)
+    target = torch.randint(0, 1000, (64,))
+    target[::7] = -100
+    logits_k = logits.detach().clone().requires_grad_()
+    f(logits, target).backward()
+    torch._dynamo.reset()
+    before = len(REPORTS)
+    kiln.compile(f)(logits_k, target).backward()
+    backward = REPORTS[-1]
+    assert len(REPORTS) == before + 2 and len(backward.kernels) == 1 and not backward.kernels[0].reduce
+    tol = {torch.float32: dict(rtol=1e-5, atol=1e-7), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-5)}[dtype]
+    torch.testing.assert_close(logits_k.grad, logits.grad, **tol)

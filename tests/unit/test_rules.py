@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kiln.ir.tensor import Builder, Graph, Node, Op, contiguous_strides
+from kiln.lower import core
 from kiln.passes import simplify as s
 
 F32, F64, BF16, I32, I64, BOOL = torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.int64, torch.bool
@@ -183,10 +184,46 @@ def test_where_constant_condition_keeps_broadcast_shape():
     assert s.where_constant_condition(b, n) is None
 
 
+# -- sum_of_one_hot ---------------------------------------------------------------------------
+
+
+def one_hot_sum(b: Builder, target: Node, value: Node, scale: Node | None, dim: int = 1) -> Node:
+    """sum over dim of where(iota_dim == target, value, 0) * scale, as a cross-entropy gradient has it."""
+    iota = b.make(Op.IOTA, (), (dim, 0, 1), SHAPE, I64)
+    hot = pw(b, "where", pw(b, "eq", iota, target, dtype=BOOL), value, const(b, 0.0))
+    x = pw(b, "mul", hot, scale) if scale is not None else hot
+    return b.make(Op.REDUCE, (x,), ("sum", (dim,)), tuple(n for i, n in enumerate(SHAPE) if i != dim), F32)
+
+
+def row_of(b: Builder, x: Node) -> Node:
+    """x (one value per row) broadcast along dimension 1."""
+    return core.expand(b, core.unsqueeze(b, x, 1), SHAPE)
+
+
+def test_sum_of_one_hot_becomes_the_hot_term():
+    b = Builder()
+    target, scale = row_of(b, inp(b, 0, I64, shape=(2,))), row_of(b, inp(b, 1, shape=(2,)))
+    out = s.sum_of_one_hot(b, one_hot_sum(b, target, const(b, -1.0), scale))
+    assert out is not None and out.op is Op.POINTWISE and out.fn == "where" and out.shape == (2,)
+    assert not any(n.op in (Op.REDUCE, Op.IOTA) for n in s._live(b.finish([out], 2)))
+
+
+def test_sum_of_one_hot_needs_terms_constant_along_the_axis():
+    b = Builder()
+    target = row_of(b, inp(b, 0, I64, shape=(2,)))
+    varying = inp(b, 1)  # differs along dimension 1: the sum has many non-zero terms
+    assert s.sum_of_one_hot(b, one_hot_sum(b, target, const(b, -1.0), varying)) is None
+    assert s.sum_of_one_hot(b, one_hot_sum(b, target, varying, None)) is None
+    assert s.sum_of_one_hot(b, one_hot_sum(b, inp(b, 2, I64), const(b, -1.0), None)) is None
+    # compared with the index of another axis than the one summed
+    assert s.sum_of_one_hot(b, one_hot_sum(b, row_of(b, inp(b, 3, I64, shape=(2,))), const(b, 1.0), None,
+                                           dim=0)) is None
+
+
 def test_every_rule_is_in_a_rule_set():
     rules = {r.__name__ for r in s.all_rules()}
     assert rules == {"fold_constants", "add_zero", "mul_one", "double_negation", "round_trip_cast",
-                     "where_same_branches", "where_constant_condition"}
+                     "where_same_branches", "where_constant_condition", "sum_of_one_hot"}
     for rule in s.all_rules():
         assert rule.__doc__, f"{rule.__name__} states its identity"
 

@@ -153,6 +153,16 @@ def _domain(root: Node, stored: dict[Node, str]) -> tuple[tuple[int, ...], tuple
     return root.shape, ()
 
 
+def _same_domain(step: KernelPlan, iter_shape: tuple[int, ...], axes: tuple[int, ...]) -> bool:
+    """n's domain is step's, or n is element-wise over the elements of step's rows (a row
+    kernel that stores element-wise values stores n in the same pass)."""
+    if step.iter_shape != iter_shape:
+        return False
+    if step.axes == axes:
+        return True
+    return not axes and any(r.op is not Op.REDUCE and r.shape == iter_shape for r in step.roots)
+
+
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(s for s in shape if s != 1)
 
@@ -206,34 +216,42 @@ def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
     """Store such values where that moves fewer bytes; returns them. Recomputing costs each
     consuming kernel the reads it would not do anyway (a LayerNorm gradient's kernel reads
     the same tensors its inlined values read: for it recomputing is free); storing costs a
-    write and one read per consumer."""
-    chosen: set[Node] = set()
-    consumers: dict[Node, list[Node]] = {n: [] for n in graph.nodes}
-    for root in graph.nodes:
-        if root in stored and root.op not in MATERIALIZED:
-            seen, stack = set(), list(root.inputs)
-            while stack:
-                n = stack.pop()
-                if n in seen or n in stored:
-                    continue
-                seen.add(n)
-                consumers[n].append(root)
-                stack.extend(n.inputs)
+    write and one read per consumer. Values are weighed last to first: a value stored
+    downstream (the residual gradient after a LayerNorm's) is then the one kernel that
+    recomputes the values above it (the LayerNorm's input gradient), which stay inlined."""
     reads: dict[Node, frozenset] = {}
     for n in graph.nodes:
-        if n in stored:
-            reads[n] = frozenset((n,))
+        reads[n] = (frozenset((n,)) if n in stored
+                    else frozenset().union(*(reads[i] for i in n.inputs)) if n.inputs else frozenset())
+    users = graph.users()
+    chosen: set[Node] = set()
+    for n in reversed(graph.nodes):
+        if n in stored or n.op not in (Op.POINTWISE, Op.GATHER) or len(reads[n]) < RECOMPUTE_READ_LIMIT:
             continue
-        reads[n] = frozenset().union(*(reads[i] for i in n.inputs)) if n.inputs else frozenset()
-        kernels = consumers[n]
-        if (n.op in (Op.POINTWISE, Op.GATHER) and len(kernels) >= 2 and len(reads[n]) >= RECOMPUTE_READ_LIMIT):
-            recompute = sum(_nbytes(t) for root in kernels for t in reads[n] - _reads_besides(root, n, stored))
-            if recompute > _nbytes(n) * (1 + len(kernels)):
-                stored[n] = (f"inlined into {len(kernels)} kernels, each re-reading up to {len(reads[n])} "
-                             f"tensors: stored once instead")
-                reads[n] = frozenset((n,))
-                chosen.add(n)
+        kernels = _consuming_kernels(n, users, stored)
+        if len(kernels) < 2:
+            continue
+        recompute = sum(_nbytes(t) for root in kernels for t in reads[n] - _reads_besides(root, n, stored))
+        if recompute > _nbytes(n) * (1 + len(kernels)):
+            stored[n] = (f"inlined into {len(kernels)} kernels, each re-reading up to {len(reads[n])} "
+                         f"tensors: stored once instead")
+            chosen.add(n)
     return chosen
+
+
+def _consuming_kernels(n: Node, users: dict[Node, list[Node]], stored) -> list[Node]:
+    """The stored values whose kernels compute n inline."""
+    found, seen, stack = [], set(), list(users[n])
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u in stored:
+            found.append(u)
+        else:
+            stack.extend(users[u])
+    return found
 
 
 def _nbytes(n: Node) -> int:
@@ -293,7 +311,7 @@ def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
         for k, step in enumerate(steps):
             # what the kernel stores element-wise it can also recompute for n
             recomputable = {r for r in step.roots if r.op is not Op.REDUCE} if isinstance(step, KernelPlan) else set()
-            if (isinstance(step, KernelPlan) and step.iter_shape == iter_shape and step.axes == axes
+            if (isinstance(step, KernelPlan) and _same_domain(step, iter_shape, axes)
                     and need <= produced_before[k] | recomputable):
                 step.roots.append(n)
                 decisions.append(Decision(_label(n), "merged",

@@ -13,8 +13,10 @@ from typing import Callable
 
 import torch
 
+from kiln.ir import index as ix
 from kiln.ir.ops import POINTWISE_FNS
-from kiln.ir.tensor import Builder, Graph, Node, Op
+from kiln.ir.tensor import Builder, Graph, Node, Op, dim_syms
+from kiln.lower import core
 
 Rule = Callable[[Builder, Node], "Node | None"]
 
@@ -110,6 +112,65 @@ def where_constant_condition(b: Builder, n: Node) -> Node | None:
     return None
 
 
+def sum_of_one_hot(b: Builder, n: Node) -> Node | None:
+    """sum over d of where(iota_d == e, a, 0) * q == where(0 <= e < n_d, a * q, 0) when e, a
+    and q do not vary along d: at most one term is not zero. (An inf or NaN q would make the
+    other terms NaN; the pattern is a one-hot scatter, whose other terms eager leaves zero.)"""
+    if n.op is not Op.REDUCE or n.attrs[0] != "sum" or len(n.attrs[1]) != 1:
+        return None
+    (d,), x = n.attrs[1], n.inputs[0]
+    if x.dtype != n.dtype:
+        return None
+    factors = [x]
+    if _is_pointwise(x, "mul"):
+        factors = sorted(x.inputs, key=lambda f: not _is_pointwise(f, "where"))
+    one_hot, others = factors[0], factors[1:]
+    if not _is_pointwise(one_hot, "where") or not _is_const(one_hot.inputs[2], 0):
+        return None
+    cond, value = one_hot.inputs[0], one_hot.inputs[1]
+    if not _is_pointwise(cond, "eq"):
+        return None
+    iotas = [i for i in cond.inputs if i.op is Op.IOTA and i.attrs == (d, 0, 1)]
+    if not iotas:
+        return None
+    target = cond.inputs[1] if cond.inputs[0] is iotas[0] else cond.inputs[0]
+    if not all(_constant_along(v, d) for v in (target, value, *others)):
+        return None
+    kept = [s for i, s in enumerate(x.shape) if i != d]
+    index_map = [ix.as_expr(s) for s in dim_syms(tuple(kept))]
+    index_map.insert(d, ix.as_expr(0))
+
+    def drop(v: Node) -> Node:
+        return core.view(b, v, index_map, kept)
+
+    result = drop(value)
+    for other in others:
+        result = core.pointwise(b, "mul", result, drop(other))
+    t = drop(target)
+    in_range = core.pointwise(b, "logical_and", core.pointwise(b, "ge", t, 0),
+                              core.pointwise(b, "lt", t, x.shape[d]))
+    return _same(n, core.pointwise(b, "where", in_range, result, core.constant(b, 0, n.dtype, n.shape)))
+
+
+def _is_pointwise(n: Node, fn: str) -> bool:
+    return n.op is Op.POINTWISE and n.fn == fn
+
+
+def _constant_along(n: Node, d: int) -> bool:
+    """n's value does not depend on its index along dimension d (conservatively)."""
+    if n.op is Op.CONSTANT:
+        return True
+    if n.op is Op.IOTA:
+        return n.attrs[0] != d
+    if n.op is Op.VIEW:
+        index_map, valid, _ = n.attrs
+        axis = dim_syms(n.shape)[d]
+        return all(axis not in e.symbols() for e in (*index_map, *(v for v, _ in valid)))
+    if n.op is Op.POINTWISE:
+        return all(_constant_along(i, d) for i in n.inputs)
+    return False
+
+
 def _same(n: Node, candidate: Node) -> Node | None:
     ok = candidate.shape == n.shape and candidate.dtype == n.dtype
     return candidate if ok else None
@@ -118,7 +179,7 @@ def _same(n: Node, candidate: Node) -> Node | None:
 RULE_SETS: dict[str, list[Rule]] = {
     "fold": [fold_constants],
     "identities": [add_zero, mul_one, double_negation, round_trip_cast, where_same_branches,
-                   where_constant_condition],
+                   where_constant_condition, sum_of_one_hot],
 }
 
 
