@@ -126,6 +126,8 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         return div(a[0], a[1])
     if fn == "sqrt" and fp:
         return f"{sqrt}({a[0]})"
+    if fn == "erf" and f32:
+        return f"km.erf_f32({a[0]})"
     if fn in _TL_UNARY and (fp or fn == "abs"):
         return f"{_TL_UNARY[fn]}({a[0]})"
     if fn in _KM_UNARY and fp:
@@ -492,8 +494,14 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     The defaults are the configurations autotuning picked most often for GPT-2's training
     kernels on the H200 (`python -m benchmarks.gpu_train --variants kiln-autotune`)."""
     if not kernel.reduce:
-        # wide tiles win even when a line's end masks off part of the last one
-        return next_pow2(min(_tiled_extent(kernel), 4096 if interpreted else 1024)), 1, 4
+        if interpreted:
+            return next_pow2(min(_tiled_extent(kernel), 4096)), 1, 4
+        # wide tiles win even when a line's end masks off part of the last one; each thread
+        # moves 32 bytes of its narrowest tensor (two 16-byte accesses), so that enough
+        # bytes are in flight to cover memory latency
+        per_thread = min(16, 32 // _narrowest_streamed(kernel))
+        xblock = next_pow2(min(_tiled_extent(kernel), 128 * per_thread))
+        return xblock, 1, max(1, min(8, xblock // (32 * per_thread)))
     rnumel = kernel.reduce_numel
     if is_persistent(kernel):
         rblock = next_pow2(rnumel)
@@ -510,12 +518,21 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     return max(1, min(64, 4096 // rblock)), rblock, 4
 
 
+def _narrowest_streamed(kernel: k.Kernel) -> int:
+    """The smallest element size among the tensors the kernel reads or writes along its
+    innermost dimension (per-line values, read once per line, do not count)."""
+    inner = kernel.outer[-1] if kernel.outer else None
+    sizes = [s.dtype.itemsize for st in kernel.stages for s in st.body
+             if isinstance(s, (k.Load, k.Store)) and inner in s.index.symbols()]
+    return min(sizes, default=4)
+
+
 def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
     """A bounded set of (XBLOCK, RBLOCK, num_warps) worth timing on a GPU, heuristic first."""
     first = launch_config(kernel, False)
     if not kernel.reduce:
         cap = next_pow2(max(_tiled_extent(kernel), 1))
-        options = [(min(x, cap), 1, w) for x, w in ((1024, 4), (2048, 8), (512, 4), (4096, 8))]
+        options = [(min(x, cap), 1, w) for x, w in ((1024, 4), (1024, 2), (2048, 4), (2048, 8), (4096, 8))]
     elif is_persistent(kernel):
         rblock = next_pow2(kernel.reduce_numel)
         options = []

@@ -17,6 +17,35 @@ import triton.language as tl
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 INTERPRETER_UNSUPPORTED = frozenset({"asin", "acos", "atan", "atan2"})
 
+
+
+# float32 erf without a branch, for the GPU and the interpreter alike: x * S(x^2) below 1,
+# 1 - 2^(-t p(t)) from there (t = |x| clamped at 4, where erf rounds to 1). Both sides are
+# computed and one is selected, which on a GPU still costs fewer instructions than
+# libdevice's erff (a LayerNorm+GELU kernel on the H200: 0.121 ms with libdevice, 0.086 ms
+# with this form). The coefficients are minimax fits (relative error for S, absolute for p);
+# the result is within 2.5 float32 ulps of erf (tests/codegen/test_triton_math.py).
+@triton.jit
+def erf_f32(x):
+    t = tl.abs(x)
+    u = x * x
+    s = -0.000563156558200717 * u + 0.004917584825307131
+    s = s * u - 0.026711339130997658
+    s = s * u + 0.11280181258916855
+    s = s * u - 0.37612324953079224
+    s = s * u + 1.1283791065216064
+    c = tl.minimum(t, 4.0)
+    p = 2.039262471953407e-05 * c - 0.0005083264550194144
+    p = p * c + 0.005431334488093853
+    p = p * c - 0.03466165438294411
+    p = p * c + 0.15371806919574738
+    p = p * c + 0.9160510301589966
+    p = p * c + 1.6283658742904663
+    tail = 1.0 - tl.exp2(-(c * p))
+    r = tl.where(t < 1.0, x * s, tl.where(x < 0, -tail, tail))
+    return tl.where(x == x, r, x)  # NaN stays NaN
+
+
 if not INTERPRETED:
     from triton.language.extra import libdevice
 

@@ -1,0 +1,42 @@
+"""kiln's own Triton math functions against float64 references, run in Triton's
+interpreter (the same source compiles for the GPU: test_triton_sm90.py)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+ERF = textwrap.dedent('''
+    import math, torch, triton, triton.language as tl
+    from kiln.codegen import triton_math as km
+
+    @triton.jit
+    def apply_erf(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(y_ptr + i, km.erf_f32(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+
+    torch.manual_seed(0)
+    x = torch.cat([torch.linspace(-5, 5, 200001), torch.logspace(-30, 1, 20001), torch.randn(20000) * 2,
+                   torch.tensor([0.0, -0.0, 1.0, -1.0, 4.0, 3.9, 100.0, float("inf"), -float("inf")])])
+    x = torch.cat([x, -x])
+    y = torch.empty_like(x)
+    apply_erf[(triton.cdiv(x.numel(), 4096),)](x, y, x.numel(), BLOCK=4096)
+    ref = torch.erf(x.double())
+    magnitude = ref.float().abs()
+    spacing = (torch.nextafter(magnitude, torch.tensor(float("inf"))) - magnitude).double()
+    print("max_ulp", ((y.double() - ref).abs() / spacing).max().item())
+    assert torch.equal(y[x.abs() >= 4], torch.sign(x[x.abs() >= 4])), "erf rounds to +-1 from 4 on"
+    z = torch.tensor([float("nan"), 0.5])
+    out = torch.empty_like(z)
+    apply_erf[(1,)](z, out, 2, BLOCK=2)
+    assert math.isnan(out[0].item())
+''')
+
+
+def test_float32_erf_is_within_2_5_ulps():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", ERF], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    max_ulp = float(proc.stdout.split("max_ulp")[-1])
+    assert max_ulp <= 2.5, max_ulp
