@@ -22,35 +22,13 @@ import torch
 
 from benchmarks import gpu
 
-# erf as 1 - 2^(-t p(t)), t = |x|: one polynomial and one exp2, no branch; float32 absolute
-# error about 1e-7 (a fit to erf's tail: erf near 0 loses relative accuracy)
-POLY_ERF = """
-@triton.jit
-def _erf_poly(x):
-    t = tl.minimum(tl.abs(x), 3.92)
-    p = 4.5356457121670246e-05 * t - 0.0004454900335986167
-    p = p * t + 0.0014893847983330488
-    p = p * t + 0.0007747216150164604
-    p = p * t - 0.028253760188817978
-    p = p * t + 0.14848165214061737
-    p = p * t + 0.9184163808822632
-    p = p * t + 1.6279085874557495
-    e = 1.0 - tl.exp2(-(t * p))
-    return tl.where(x < 0, -e, e)
-"""
-
-
-def _with_poly_erf(source: str) -> str:
-    header = "from kiln.codegen import triton_math as km\n"
-    return source.replace(header, header + POLY_ERF).replace("tl.erf(", "_erf_poly(")
-
-
-# name -> (textual edit of the generated source, what the difference measures)
+# name -> (cases it applies to, textual edit of the generated source, what the difference measures)
 VARIANTS = {
-    "as generated": (lambda s: s, ""),
-    "no erf": (lambda s: s.replace("tl.erf(", "("), "erf's cost"),
-    "polynomial erf": (_with_poly_erf, "a branch-free erf's cost"),
-    "no bf16 rounding": (lambda s: s.replace("km.round_bf16(", "("), "rounding intermediates to bf16"),
+    "as generated": ("", lambda s: s, ""),
+    "no erf": ("layernorm", lambda s: s.replace("km.erf_f32(", "("), "erf's cost"),
+    "libdevice erf": ("layernorm", lambda s: s.replace("km.erf_f32(", "tl.erf("), "libdevice's erf"),
+    "no tanh": ("gelu tanh", lambda s: s.replace("km.tanh(", "("), "tanh's cost"),
+    "no bf16 rounding": ("layernorm", lambda s: s.replace("km.round_bf16(", "("), "rounding intermediates to bf16"),
 }
 
 
@@ -76,8 +54,8 @@ def probe_case(name, fn, args, moved) -> list[str]:
     t_copy = gpu.bench(lambda: copy_dst.copy_(copy_src), ())
     lines.append(f"## {name}: {moved / 1e6:.0f} MB; a copy of as many bytes takes {t_copy * 1e3:.4f} ms")
     original_render, original_candidates = tr.render_source, tr.candidate_configs
-    for variant, (edit, meaning) in VARIANTS.items():
-        if variant != "as generated" and "layernorm" not in name:
+    for variant, (cases, edit, meaning) in VARIANTS.items():
+        if cases not in name:
             continue
         cache = tempfile.mkdtemp(prefix="probe-")
         os.environ["KILN_CACHE_DIR"] = cache
@@ -110,6 +88,11 @@ def loss_gradient(logits, row_max, row_log_sum, target, scale):
     return (torch.where(hot, -scale, 0.0) + p * scale).to(logits.dtype)
 
 
+def gelu_tanh(x):
+    """GPT-2's GELU (transformers' gelu_new), written out with tanh."""
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
 def extra_cases():
     """Kernels of GPT-2's training step that gpu.py does not time (name, fn, args, bytes)."""
     logits = torch.randn(16384, 50304, device="cuda", dtype=torch.bfloat16)
@@ -117,6 +100,8 @@ def extra_cases():
     target = torch.randint(0, 50304, (16384,), device="cuda")
     yield ("loss gradient 16384x50304 bf16", loss_gradient,
            (logits, rows, rows.abs(), target, torch.tensor(1e-4, device="cuda")), 2 * logits.nbytes)
+    h = torch.randn(16384, 3072, device="cuda", dtype=torch.bfloat16)
+    yield "gelu tanh 16384x3072 bf16", gelu_tanh, (h,), 2 * h.nbytes
 
 
 def host_overhead() -> list[str]:
@@ -145,7 +130,7 @@ def host_overhead() -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", default="host,layernorm,softmax,rmsnorm,odd,loss")
+    parser.add_argument("--cases", default="host,layernorm,softmax,rmsnorm,odd,loss,gelu")
     args = parser.parse_args()
     wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
     out = host_overhead() if "host" in wanted else []

@@ -234,6 +234,28 @@ def test_layer_norm(dtype):
     check(f, x, randn(48, dtype=dtype, seed=1), randn(48, dtype=dtype, seed=2), expect_native=True)
 
 
+def test_independent_reductions_share_one_pass_over_their_rows():
+    # a LayerNorm weight gradient's two column sums: one loop reads x once for both
+    from kiln.frontend.backend import REPORTS
+
+    def f(g, x):
+        return (g * x).sum(0), g.sum(0)
+
+    g, x = randn(64, 48), randn(64, 48)
+    check(f, g, x)
+    (kernel,) = REPORTS[-1].kernels
+    assert sum(stage.loop for stage in kernel.stages) == 1, kernel
+
+
+def test_reduction_of_a_value_its_kernel_stores():
+    # h.sum needs the rows' mean and variance first, although h is stored by the same kernel
+    def f(x, w, b):
+        h = F.layer_norm(x, (64,), w, b)
+        return h, h.sum(-1), (h * x).sum(-1), x.sum(-1)
+
+    check(f, randn(8, 64), randn(64), randn(64), expect_native=True)
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_group_norm(dtype):
     def f(x, w, b):

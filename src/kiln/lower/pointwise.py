@@ -119,7 +119,11 @@ def _pow_scalar(ctx: LowerCtx, x, exponent):
         return cast(ctx.b, x, ctx.out_dtype)
     if exponent == 0.5 and x.dtype.is_floating_point:
         return pointwise(ctx.b, "sqrt", x, out_dtype=ctx.out_dtype)
-    if exponent == 3 and x.dtype in (torch.float32, torch.float64):  # ATen's special case: x * x * x
+    if exponent == 3 and x.dtype.is_floating_point:
+        # ATen's special case, x * x * x: its bfloat16 kernel rounds each product, its
+        # float16 one computes in float32 and rounds once
+        if x.dtype is torch.float16:
+            x = cast(ctx.b, x, torch.float32)
         return pointwise(ctx.b, "mul", pointwise(ctx.b, "mul", x, x), x, out_dtype=ctx.out_dtype)
     return pointwise(ctx.b, "pow", x, exponent, out_dtype=ctx.out_dtype)
 

@@ -36,12 +36,14 @@ class KernelEmitter:
         self.layouts = layouts
         self.outer = dim_syms(plan.outer_shape, "x")
         self.reduce = dim_syms(tuple(plan.iter_shape[a] for a in plan.axes), "r")
-        self.stages: list[k.Stage] = []
+        self.stages: list[_StageBuilder] = []
+        self.reduction_stage: dict[Node, int] = {}  # which of self.stages accumulates it
         self.stack: list[_StageBuilder] = []
         self.row_values: dict[Node, str] = {}
         self.params: dict[str, k.Param] = {}
         self.counter = 0
         self.scratch: dict[int, k.Scratch] = {}  # node id -> row array holding its values
+        self.scratch_stage: dict[int, int] = {}  # node id -> the stage that stores its row array
         reduce_numel = 1
         for sym in self.reduce:
             reduce_numel *= sym.extent
@@ -83,7 +85,8 @@ class KernelEmitter:
         stage = self.stack[-1]
         if key in stage.memo:
             return stage.memo[key]
-        if node.id in self.scratch and mask is None and index == self._iter_index():
+        if (node.id in self.scratch and mask is None and index == self._iter_index()
+                and self._position(stage) > self.scratch_stage[node.id]):
             out = self._tmp()
             sc = self.scratch[node.id]
             self._emit(k.Load(out, sc.name, self._row_position(), sc.dtype))
@@ -204,8 +207,14 @@ class KernelEmitter:
         if tuple(index) != self._row_index():
             raise FusionMismatch(node, f"read at [{', '.join(map(str, index))}], not at its own row")
         kind = node.attrs[0]
-        self.stack.append(_StageBuilder(loop=True))
         src = node.inputs[0]
+        # the kernel recomputes its own stored values where it reads them: look through them
+        below = reductions_below(node, self.buffer_names.keys() - set(self.plan.roots), nested=True)
+        for r in below:
+            if r not in self.row_values:
+                self._reduction(r, self._row_index())
+        stage = self._loop_stage_after(below)
+        self.stack.append(self.stages[stage])
         v = self.value(src, self._iter_index())
         acc = self._tmp()
         position = self._row_position() if kind in ("argmax", "argmin") else None
@@ -215,10 +224,29 @@ class KernelEmitter:
             sc = k.Scratch(f"row{len(self.scratch)}", compute_dtype(src.dtype))
             self._emit(k.Store(sc.name, self._row_position(), v, sc.dtype))
             self.scratch[src.id] = sc
-        done = self.stack.pop()
-        self.stages.append(k.Stage(True, tuple(done.body)))
+            self.scratch_stage[src.id] = stage
+        self.stack.pop()
         self.row_values[node] = acc
+        self.reduction_stage[node] = stage
         return acc
+
+    def _position(self, stage: _StageBuilder) -> int:
+        """Where stage runs: its index, or after all of them while it is being built."""
+        for i, st in enumerate(self.stages):
+            if st is stage:
+                return i
+        return len(self.stages)
+
+    def _loop_stage_after(self, inputs: list[Node]) -> int:
+        """The first loop stage that runs after the reductions in inputs (a reduction reads
+        their results only once their loops are done), new if there is none: independent
+        reductions over the same rows share one loop and its loads."""
+        first = 1 + max((self.reduction_stage[r] for r in inputs), default=-1)
+        for i in range(first, len(self.stages)):
+            if self.stages[i].loop:
+                return i
+        self.stages.append(_StageBuilder(loop=True))
+        return len(self.stages) - 1
 
     def _row_position(self) -> Expr:
         """Position within the reduction domain, row-major."""
@@ -262,10 +290,11 @@ class KernelEmitter:
             v = self.row_values[root] if root.op is Op.REDUCE else self.value(root, index)
             self.stack.pop()
             row.body.append(k.Store(self._param(root, True), self._linear(root, index), v, root.dtype))
-            self.stages.append(k.Stage(False, tuple(row.body)))
+            self.stages.append(row)
+        stages = tuple(k.Stage(st.loop, tuple(st.body)) for st in self.stages)
         if final.body:
-            self.stages.append(k.Stage(True, tuple(final.body)))
-        stages, scratch = _drop_unread_scratch(tuple(self.stages), tuple(self.scratch.values()))
+            stages += (k.Stage(True, tuple(final.body)),)
+        stages, scratch = _drop_unread_scratch(stages, tuple(self.scratch.values()))
         stages, params, args = _positional_params(stages, self.params)
         return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch, args)
 
