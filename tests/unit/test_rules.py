@@ -215,6 +215,8 @@ def test_sum_of_one_hot_needs_terms_constant_along_the_axis():
     assert s.sum_of_one_hot(b, one_hot_sum(b, target, const(b, -1.0), varying)) is None
     assert s.sum_of_one_hot(b, one_hot_sum(b, target, varying, None)) is None
     assert s.sum_of_one_hot(b, one_hot_sum(b, inp(b, 2, I64), const(b, -1.0), None)) is None
+    # a float target (2.5) may equal no index at all
+    assert s.sum_of_one_hot(b, one_hot_sum(b, row_of(b, inp(b, 4, shape=(2,))), const(b, -1.0), None)) is None
     # compared with the index of another axis than the one summed
     assert s.sum_of_one_hot(b, one_hot_sum(b, row_of(b, inp(b, 3, I64, shape=(2,))), const(b, 1.0), None,
                                            dim=0)) is None

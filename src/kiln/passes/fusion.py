@@ -10,6 +10,7 @@ another merge into one (horizontal fusion). Every choice is a Decision with a re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from kiln.ir import index as ix
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, dim_syms
@@ -125,19 +126,24 @@ def reductions_below(root: Node, stored, nested: bool = False) -> list[Node]:
 
 
 def _required_buffers(plan: KernelPlan, stored: dict[Node, str]) -> set[Node]:
-    need, seen, stack = set(), set(), []
-    for r in plan.roots:
-        stack.extend(r.inputs)
+    return set(_stored_frontier([i for r in plan.roots for i in r.inputs], lambda n: n.inputs, stored))
+
+
+def _stored_frontier(start: list[Node], step: Callable[[Node], Sequence[Node]], stored,
+                     skip: Node | None = None) -> list[Node]:
+    """The stored nodes a walk from start reaches (along step: inputs or users) without
+    passing through another stored node or through skip."""
+    found, seen, stack = [], set(), list(start)
     while stack:
         n = stack.pop()
-        if n in seen:
+        if n in seen or n is skip:
             continue
         seen.add(n)
         if n in stored:
-            need.add(n)
-            continue
-        stack.extend(n.inputs)
-    return need
+            found.append(n)
+        else:
+            stack.extend(step(n))
+    return found
 
 
 def _domain(root: Node, stored: dict[Node, str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -154,8 +160,9 @@ def _domain(root: Node, stored: dict[Node, str]) -> tuple[tuple[int, ...], tuple
 
 
 def _same_domain(step: KernelPlan, iter_shape: tuple[int, ...], axes: tuple[int, ...]) -> bool:
-    """n's domain is step's, or n is element-wise over the elements of step's rows (a row
-    kernel that stores element-wise values stores n in the same pass)."""
+    """A value iterating (iter_shape, axes) can join step's kernel: its domain is step's, or
+    it is element-wise over the elements of step's rows, which a row kernel that stores
+    element-wise values visits anyway."""
     if step.iter_shape != iter_shape:
         return False
     if step.axes == axes:
@@ -241,17 +248,7 @@ def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
 
 def _consuming_kernels(n: Node, users: dict[Node, list[Node]], stored) -> list[Node]:
     """The stored values whose kernels compute n inline."""
-    found, seen, stack = [], set(), list(users[n])
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u in stored:
-            found.append(u)
-        else:
-            stack.extend(users[u])
-    return found
+    return _stored_frontier(users[n], lambda u: users[u], stored)
 
 
 def _nbytes(n: Node) -> int:
@@ -260,17 +257,7 @@ def _nbytes(n: Node) -> int:
 
 def _reads_besides(root: Node, skip: Node, stored) -> set[Node]:
     """The stored tensors root's kernel reads other than through skip."""
-    found, seen, stack = set(), set(), list(root.inputs)
-    while stack:
-        n = stack.pop()
-        if n in seen or n is skip:
-            continue
-        seen.add(n)
-        if n in stored:
-            found.add(n)
-        else:
-            stack.extend(n.inputs)
-    return found
+    return set(_stored_frontier(list(root.inputs), lambda n: n.inputs, stored, skip))
 
 
 def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],

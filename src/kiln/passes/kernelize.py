@@ -7,8 +7,9 @@ stage), stored tensors become loads, and reductions become loop stages of their 
 
 from __future__ import annotations
 
-import torch
 from dataclasses import replace
+
+import torch
 
 from kiln.ir import index as ix
 from kiln.ir import kernel as k

@@ -134,6 +134,8 @@ def sum_of_one_hot(b: Builder, n: Node) -> Node | None:
     if not iotas:
         return None
     target = cond.inputs[1] if cond.inputs[0] is iotas[0] else cond.inputs[0]
+    if target.dtype.is_floating_point or target.dtype is torch.bool:  # 2.5 equals no index
+        return None
     if not all(_constant_along(v, d) for v in (target, value, *others)):
         return None
     kept = [s for i, s in enumerate(x.shape) if i != d]
