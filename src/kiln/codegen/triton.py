@@ -495,8 +495,8 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     kernels on the H200 (`python -m benchmarks.gpu_train --variants kiln-autotune`)."""
     if not kernel.reduce:
         # wide tiles win even when a line's end masks off part of the last one. (16 bf16
-        # values per thread made a 3.3 GB loss gradient 2% faster but GPT-2's GELU kernels,
-        # bound by tanh, 10-30% slower)
+        # values per thread made a 3.3 GB loss gradient 2% faster but GPT-2's tanh GELU
+        # kernels 10-30% slower)
         return next_pow2(min(_tiled_extent(kernel), 4096 if interpreted else 1024)), 1, 4
     rnumel = kernel.reduce_numel
     if is_persistent(kernel):

@@ -22,8 +22,8 @@ INTERPRETER_UNSUPPORTED = frozenset({"asin", "acos", "atan", "atan2"})
 # 1 - 2^(-t p(t)) from there (t = |x| clamped at 4, where erf rounds to 1). Both sides are
 # computed and one is selected, which on a GPU still costs less than libdevice's erff (a
 # LayerNorm+GELU kernel on the H200: 0.121 ms with libdevice's, 0.104 ms with this one,
-# 0.073 ms with no erf at all). The coefficients are minimax fits (relative error for S, absolute for p);
-# the result is within 2.5 float32 ulps of erf (tests/codegen/test_triton_math.py).
+# 0.073 ms with no erf at all). The coefficients are minimax fits (relative error for S,
+# absolute for p); the result is within 2.5 float32 ulps of erf (test_triton_math.py).
 @triton.jit
 def erf_f32(x):
     t = tl.abs(x)

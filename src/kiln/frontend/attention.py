@@ -97,7 +97,7 @@ def _softmax_input(p: fx.Node):
 
 
 def _match(out_view: fx.Node):
-    """(q, k, v, scale, is_causal, nodes the rewrite makes dead) or None."""
+    """(q, k, v, scale, is_causal) or None."""
     bmm2 = out_view.args[0]
     if not (_call(bmm2, aten.bmm.default) and _only_user(bmm2)):
         return None

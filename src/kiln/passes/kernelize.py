@@ -49,6 +49,8 @@ class KernelEmitter:
         for sym in self.reduce:
             reduce_numel *= sym.extent
         self.use_scratch = bool(self.reduce) and reduce_numel <= row_scratch_limit
+        # buffers the kernel loads; the values it stores it recomputes where it reads them
+        self.read_buffers = self.buffer_names.keys() - set(plan.roots)
         self.keep_loaded_rows = keep_loaded_rows
 
     # ------------------------------------------------------------------ helpers
@@ -209,8 +211,7 @@ class KernelEmitter:
             raise FusionMismatch(node, f"read at [{', '.join(map(str, index))}], not at its own row")
         kind = node.attrs[0]
         src = node.inputs[0]
-        # the kernel recomputes its own stored values where it reads them: look through them
-        below = reductions_below(node, self.buffer_names.keys() - set(self.plan.roots), nested=True)
+        below = reductions_below(node, self.read_buffers, nested=True)
         for r in below:
             if r not in self.row_values:
                 self._reduction(r, self._row_index())
@@ -273,7 +274,7 @@ class KernelEmitter:
                 row_stores.append(root)
                 continue
             # Reductions first, so that values they keep in row arrays are read, not recomputed.
-            for r in reductions_below(root, self.buffer_names, nested=True):
+            for r in reductions_below(root, self.read_buffers, nested=True):
                 if r not in self.row_values:
                     self._reduction(r, self._row_index())
             self.stack.append(final)
@@ -282,8 +283,7 @@ class KernelEmitter:
             final.body.append(k.Store(self._param(root, True), self._linear(root, self._iter_index()), v, root.dtype))
         for root in row_stores:
             index = self._row_index() if root.op is Op.REDUCE else self._row_index_of(root)
-            needed = [root] if root.op is Op.REDUCE else reductions_below(root, self.buffer_names, nested=True)
-            for r in needed:
+            for r in [root] if root.op is Op.REDUCE else reductions_below(root, self.read_buffers, nested=True):
                 if r not in self.row_values:
                     self._reduction(r, self._row_index())
             row = _StageBuilder(loop=False)

@@ -46,8 +46,8 @@ def report_text(report: CompileReport, show_kernels: bool = False, show_source: 
         lines.extend(kernel_str(k) + "\n" for k in report.kernels)
     if show_source:
         lines.append(report.host_source)
-        for name, src in report.sources.items():
-            lines.append(src[src.index('extern "C"'):])
+        for name, src in report.sources.items():  # C++ from its entry point; Triton whole
+            lines.append(src[src.index('extern "C"'):] if 'extern "C"' in src else src)
     return "\n".join(lines)
 
 
