@@ -27,12 +27,14 @@ def test_tensor_ir_of_softmax_slice_and_transpose():
         %6 = pointwise.sub(%3, %5) : f32[4, 8]
         %7 = pointwise.exp(%6) : f32[4, 8]
         %8 = reduce.sum(%7, axes=[1]) : f32[4]
-        %9 = view(%8, [d0]) : f32[4, 8]
-        %10 = pointwise.div(%7, %9) : f32[4, 8]
-        %11 = view(%10, [d0, d1]) : f32[4, 4]
-        %12 = view(%1, [d1, d0]) : f32[4, 4]
-        %13 = pointwise.add(%11, %12) : f32[4, 4]
-        return (%13)
+        %9 = constant(1.0) : f32[4]
+        %10 = pointwise.div(%9, %8) : f32[4]
+        %11 = view(%10, [d0]) : f32[4, 8]
+        %12 = pointwise.mul(%7, %11) : f32[4, 8]
+        %13 = view(%12, [d0, d1]) : f32[4, 4]
+        %14 = view(%1, [d1, d0]) : f32[4, 4]
+        %15 = pointwise.add(%13, %14) : f32[4, 4]
+        return (%15)
     """)
 
 

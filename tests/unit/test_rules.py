@@ -222,10 +222,45 @@ def test_sum_of_one_hot_needs_terms_constant_along_the_axis():
                                            dim=0)) is None
 
 
+# -- divide_by_softmax_sum --------------------------------------------------------------------
+
+
+def row_reduce(b: Builder, kind: str, x: Node) -> Node:
+    return b.make(Op.REDUCE, (x,), (kind, (1,)), (SHAPE[0],), x.dtype)
+
+
+def softmax_quotient(b: Builder, x: Node, numerator: Node | None = None, shift: Node | None = None) -> Node:
+    """numerator / sum(exp(x - max x)) over dimension 1; by default the numerator is the
+    exponential itself (a softmax)."""
+    e = pw(b, "exp", pw(b, "sub", x, row_of(b, row_reduce(b, "max", shift if shift is not None else x))))
+    return pw(b, "div", numerator if numerator is not None else e, row_of(b, row_reduce(b, "sum", e)))
+
+
+def test_softmax_divides_once_per_row():
+    b = Builder()
+    out = s.divide_by_softmax_sum(b, softmax_quotient(b, inp(b)))
+    assert out is not None and out.fn == "mul"
+    reciprocal = out.inputs[1].inputs[0]
+    assert reciprocal.fn == "div" and reciprocal.shape == (SHAPE[0],)  # one division per row
+    x = torch.randn(SHAPE) * 30
+    assert torch.allclose(torch.softmax(x, 1), torch.exp(x - x.amax(1, keepdim=True)) * (
+        1 / torch.exp(x - x.amax(1, keepdim=True)).sum(1, keepdim=True)), rtol=3e-7, atol=0)
+
+
+def test_divide_by_softmax_sum_needs_the_row_maximum_of_the_same_values():
+    b = Builder()
+    x, y = inp(b, 0), inp(b, 1)
+    assert s.divide_by_softmax_sum(b, softmax_quotient(b, x, numerator=y)) is not None  # any numerator
+    # a sum of exp(x - max y) may be tiny: its reciprocal could overflow
+    assert s.divide_by_softmax_sum(b, softmax_quotient(b, x, shift=y)) is None
+    assert s.divide_by_softmax_sum(b, pw(b, "div", y, row_of(b, row_reduce(b, "sum", pw(b, "exp", x))))) is None
+    assert s.divide_by_softmax_sum(b, pw(b, "div", y, x)) is None
+
+
 def test_every_rule_is_in_a_rule_set():
     rules = {r.__name__ for r in s.all_rules()}
     assert rules == {"fold_constants", "add_zero", "mul_one", "double_negation", "round_trip_cast",
-                     "where_same_branches", "where_constant_condition", "sum_of_one_hot"}
+                     "where_same_branches", "where_constant_condition", "sum_of_one_hot", "divide_by_softmax_sum"}
     for rule in s.all_rules():
         assert rule.__doc__, f"{rule.__name__} states its identity"
 

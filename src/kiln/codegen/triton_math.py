@@ -41,8 +41,9 @@ def erf_f32(x):
     p = p * c + 0.9160510301589966
     p = p * c + 1.6283658742904663
     tail = 1.0 - tl.exp2(-(c * p))
-    r = tl.where(t < 1.0, x * s, tl.where(x < 0, -tail, tail))
-    return tl.where(x == x, r, x)  # NaN stays NaN
+    sign = x.to(tl.uint32, bitcast=True) & 0x80000000
+    signed_tail = (tail.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return tl.where(t >= 1.0, signed_tail, x * s)  # NaN fails t >= 1: x * s is NaN
 
 
 if not INTERPRETED:
@@ -124,7 +125,8 @@ if not INTERPRETED:
     def copysign(x, y):
         return libdevice.copysign(x, y)
 
-    # bf16 conversions are single round-to-nearest-even instructions on the GPU
+    # bf16 conversions are round-to-nearest-even instructions on the GPU; left to Triton, a
+    # product of two bf16 values rounded to bf16 becomes one packed bf16 multiply
     @triton.jit
     def round_bf16(x):
         return x.to(tl.bfloat16).to(tl.float32)
@@ -133,9 +135,11 @@ if not INTERPRETED:
     def to_bf16(x):
         return x.to(tl.bfloat16)
 
+    # a shift or a mask: Triton's own conversion takes two instructions for the upper half
+    # of a register
     @triton.jit
     def from_bf16(x):
-        return x.to(tl.float32)
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
 else:
     # The interpreter truncates float32 -> bf16 and mangles bf16 subnormals, so bf16 is

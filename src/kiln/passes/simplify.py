@@ -154,6 +154,29 @@ def sum_of_one_hot(b: Builder, n: Node) -> Node | None:
     return _same(n, core.pointwise(b, "where", in_range, result, core.constant(b, 0, n.dtype, n.shape)))
 
 
+def divide_by_softmax_sum(b: Builder, n: Node) -> Node | None:
+    """a / s == a * (1 / s), within 1.5 ulps, where s is a sum of exp(x - max x) over the
+    same axes: s >= 1, so its reciprocal neither overflows nor loses precision, and it is
+    computed once per row instead of a division per element (eager's CPU softmax
+    multiplies by the reciprocal too)."""
+    if not _is_pointwise(n, "div") or n.dtype is not torch.float32:
+        return None
+    a, den = n.inputs
+    if den.op is not Op.VIEW or den.attrs[1]:
+        return None
+    total = den.inputs[0]
+    if total.op is not Op.REDUCE or total.attrs[0] != "sum" or not _is_pointwise(total.inputs[0], "exp"):
+        return None
+    shifted = total.inputs[0].inputs[0]
+    if not _is_pointwise(shifted, "sub") or shifted.inputs[1].op is not Op.VIEW:
+        return None
+    x, row_max = shifted.inputs[0], shifted.inputs[1].inputs[0]
+    if row_max.op is not Op.REDUCE or row_max.attrs != ("max", total.attrs[1]) or row_max.inputs[0] is not x:
+        return None
+    reciprocal = core.pointwise(b, "div", core.constant(b, 1, total.dtype), total)
+    return _same(n, core.pointwise(b, "mul", a, core.view(b, reciprocal, den.attrs[0], den.shape)))
+
+
 def _is_pointwise(n: Node, fn: str) -> bool:
     return n.op is Op.POINTWISE and n.fn == fn
 
@@ -181,7 +204,7 @@ def _same(n: Node, candidate: Node) -> Node | None:
 RULE_SETS: dict[str, list[Rule]] = {
     "fold": [fold_constants],
     "identities": [add_zero, mul_one, double_negation, round_trip_cast, where_same_branches,
-                   where_constant_condition, sum_of_one_hot],
+                   where_constant_condition, sum_of_one_hot, divide_by_softmax_sum],
 }
 
 
