@@ -73,3 +73,25 @@ def test_inputs_are_released_after_their_last_read():
     host = REPORTS[-1].host_source
     last_kernel = host.rindex("kernel")
     assert "del arg0" in host and host.index("del arg0") < last_kernel, host
+
+
+def test_only_kernels_reading_outside_memory_check_its_alignment():
+    # Triton binaries assume 16-byte aligned tensors: a kernel reading a caller's tensor or
+    # an ATen view checks at launch; one reading only buffers kiln allocated, or ATen made
+    # new, launches directly
+    from kiln.frontend.backend import REPORTS
+
+    def f(x, w):
+        return torch.relu(torch.tanh(x) @ w) + 1
+
+    torch._dynamo.reset()
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    torch.testing.assert_close(kiln.compile(f)(x, w), f(x, w))
+    report = REPORTS[-1]
+    calls = [line.strip() for line in report.host_source.splitlines() if line.strip().startswith("kernel")]
+    assert len(calls) == 2, report.host_source
+    if report.backend == "triton":
+        assert "(arg0" in calls[0] and ".aligned(" not in calls[0], calls  # reads the caller's x
+        assert ".aligned(" in calls[1], calls  # reads the matmul's new result
+    else:  # C++ launchers take addresses and assume no alignment
+        assert all(".data_ptr()" in c and ".aligned(" not in c for c in calls), calls

@@ -81,3 +81,35 @@ def test_nan_inf_arg_reductions_int_pow_and_casts(n):
     i = torch.randint(-5, 6, (8, n), device=CUDA)
     e = torch.randint(0, 40, (8, n), device=CUDA)
     check(f, x, i, e, expect_native=True)
+
+
+def test_tensors_off_a_16_byte_boundary():
+    # the binaries assume aligned tensors: a caller's view that starts 4 bytes in is
+    # launched through Triton's JIT instead, and a kernel reading kiln's own buffers is not
+    import kiln
+
+    def f(x, y):
+        return torch.softmax(torch.sin(x) @ y, -1) * 2
+
+    base = torch.randn(64 * 96 + 1, device=CUDA)
+    aligned, shifted = base[:-1].view(64, 96), base[1:].view(64, 96)
+    y = torch.randn(96, 48, device=CUDA)
+    compiled = kiln.compile(f)
+    for x in (aligned, shifted, aligned):
+        torch.testing.assert_close(compiled(x, y), f(x, y))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 12, 20])
+def test_kernels_of_many_pointers_share_launchers(n):
+    # one C launcher serves every kernel of up to 8, 16, 32... pointers (the rest are passed
+    # as null pointers): kernels of n inputs and one output
+    import kiln
+
+    def f(*xs):
+        out = xs[0] * 1.5
+        for i, x in enumerate(xs[1:]):
+            out = out + x * (i + 2)
+        return torch.tanh(out)
+
+    xs = [torch.randn(37, 129, device=CUDA) for _ in range(n)]
+    torch.testing.assert_close(kiln.compile(f)(*xs), f(*xs))

@@ -19,7 +19,9 @@ class Backend:
     render: Callable[[Kernel], str]
     # (kernels, sources) -> (launchers, number found in the cache)
     build: Callable[[list[Kernel], list[str]], tuple[list[Callable], int]]
-    pass_pointers: bool  # launchers take raw addresses (C++) or tensors (Triton)
+    # launchers take raw addresses (C++) or tensors (Triton); a tensor launcher checks the
+    # tensors' alignment unless called through its `aligned` entry
+    pass_pointers: bool
     row_scratch_limit: int  # longest row whose reused values a kernel may keep locally
     keep_loaded_rows: bool  # whether re-reading a row from memory costs more than keeping it
     unsupported_fns: frozenset = frozenset()  # element-wise functions left to ATen

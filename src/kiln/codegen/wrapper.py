@@ -153,6 +153,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
         holder[slot] = name
         return name
 
+    by_name = {name: node for node, name in buffer_names.items()}
     for k, step in enumerate(schedule.steps):
         if isinstance(step, KernelPlan):
             kern = kernels[id(step)]
@@ -160,8 +161,13 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                 alloc(root)
             if kern.outer_numel > 0:  # an empty output needs no kernel
                 g[kern.name] = None  # filled in with the compiled function
-                ptrs = ", ".join(f"{a}.data_ptr()" if pass_pointers else a for a in kern.args)
-                lines.append(f"    {kern.name}({ptrs})")
+                if pass_pointers:
+                    ptrs = ", ".join(f"{a}.data_ptr()" for a in kern.args)
+                    lines.append(f"    {kern.name}({ptrs})")
+                elif any(_may_be_unaligned(by_name[a]) for a in kern.args):
+                    lines.append(f"    {kern.name}({', '.join(kern.args)})")
+                else:
+                    lines.append(f"    {kern.name}.aligned({', '.join(kern.args)})")
         elif step.op is Op.EXTERN:
             argnames = []
             for i in step.inputs:
@@ -231,6 +237,12 @@ def _shares_memory(node: Node, schedule: Schedule, returned: set[Node]) -> bool:
     if node in returned or node in schedule.aliases:
         return True
     return node.op is Op.INPUT or (node.op in (Op.EXTERN, Op.ITEM) and _extern_may_alias(node))
+
+
+def _may_be_unaligned(node: Node) -> bool:
+    """Whether a buffer may start off a 16-byte boundary: a caller's tensor or an ATen view
+    may; memory the host program allocates, or an ATen op returns new, does not."""
+    return node.op is Op.INPUT or (node.op in (Op.EXTERN, Op.ITEM) and _may_alias_inputs(node))
 
 
 def _extern_may_alias(node: Node) -> bool:

@@ -59,6 +59,7 @@ def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
         launcher(*tensors, XBLOCK=xblock, RBLOCK=rblock, num_warps=warps)
 
     launch.__name__ = kernel.name
+    launch.aligned = launch  # the interpreter needs no alignment
     return launch
 
 
@@ -76,7 +77,7 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
     builds = []
     for (kernel, path), (jit_fn, _, cached), variants in zip(kernels, loaded, all_variants):
         launcher = TunedLauncher(kernel.name, functools.partial(grid, kernel), jit_fn, variants,
-                                 path.with_suffix(".tune.json"))
+                                 path.with_suffix(".tune.json"), len(kernel.params))
         builds.append(TritonBuild(launcher, cached))
     return builds
 
