@@ -511,6 +511,10 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
         return next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock)))), rblock, 4
     if not is_persistent(kernel):
         return 1, rblock, 8
+    if rblock <= 1024:
+        # smaller programs for short rows: 2048 elements over 2 warps made softmax over rows of
+        # 1024 2% faster than 4096 over 4, and GPT-2's step (rows of 768) no slower
+        return max(1, min(64, 2048 // rblock)), rblock, 2
     return max(1, min(64, 4096 // rblock)), rblock, 4
 
 
