@@ -187,6 +187,8 @@ def main() -> int:
             row[f"{compiler}_compile"] = seconds - row[compiler]
             if compiler == "kiln":
                 row["kernels"] = sum(rep.num_kernels for rep in REPORTS[before:])
+                row["kiln_passes"] = sum(rep.seconds for rep in REPORTS[before:])
+                row["kiln_build"] = sum(p.seconds for rep in REPORTS[before:] for p in rep.passes if p.name == "build")
         if moved:
             row["metric"] = f"{moved / row['kiln'] / 1e12:.2f} TB/s ({100 * moved / row['kiln'] / bw:.0f}%)"
             row["ind_metric"] = f"{100 * moved / row['inductor'] / bw:.0f}%"
@@ -206,8 +208,11 @@ def main() -> int:
 
 def _line(row) -> str:
     fails = {k: v for k, v in row.items() if k.endswith("_fail")}
+    compile_s = (f"; cold compile kiln {row['kiln_compile']:.2f} s ({row['kiln_passes']:.2f} s in kiln's passes, "
+                 f"{row['kiln_build']:.2f} s of them building kernels), Inductor {row['inductor_compile']:.2f} s"
+                 if "kiln_compile" in row and "inductor_compile" in row else "")
     return f"{row['case']}: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in row.items()
-                                           if k in ("eager", "inductor", "kiln")) + (f" FAIL {fails}" if fails else "")
+                                           if k in ("eager", "inductor", "kiln")) + compile_s + (f" FAIL {fails}" if fails else "")
 
 
 def _table(rows, bw, mm) -> str:
@@ -227,7 +232,7 @@ def _table(rows, bw, mm) -> str:
         lines.append(
             f"| {row['case']} | {e * 1e3:.3f} | {i * 1e3:.3f} | {k * 1e3:.3f} | {e / k:.2f}x | {i / k:.2f}x | "
             f"{row.get('metric', '-')} | {row.get('ind_metric', '-')} | {row.get('vs_copy', '-')} | "
-            f"{row.get('kiln_compile', math.nan):.1f} / {row.get('inductor_compile', math.nan):.1f} | "
+            f"{row.get('kiln_compile', math.nan):.2f} / {row.get('inductor_compile', math.nan):.2f} | "
             f"{row.get('kernels', '-')} {fails}|")
     return "\n".join(lines)
 

@@ -44,7 +44,7 @@ def sweep(kernel) -> list[tuple[int, int, int]]:
     return candidate_configs(kernel)
 
 
-def probe_case(name, fn, args, moved) -> list[str]:
+def probe_case(name, fn, args, moved, variants) -> list[str]:
     import kiln
     import kiln.codegen.triton as tr
 
@@ -53,7 +53,7 @@ def probe_case(name, fn, args, moved) -> list[str]:
     lines.append(f"## {name}: {moved / 1e6:.0f} MB; a copy of as many bytes takes {t_copy * 1e3:.4f} ms")
     original_render, original_candidates = tr.render_source, tr.candidate_configs
     for variant, (cases, edit, meaning) in VARIANTS.items():
-        if cases not in name:
+        if cases not in name or variant not in variants:
             continue
         cache = tempfile.mkdtemp(prefix="probe-")
         os.environ["KILN_CACHE_DIR"] = cache
@@ -103,39 +103,43 @@ def extra_cases():
 
 
 def host_overhead() -> list[str]:
-    """Per-call time of a tiny softmax, launched back to back: the host's cost per call."""
+    """Per-call time of tiny calls launched back to back: the host's cost per call."""
     import time
 
     import kiln
 
-    x = torch.randn(8, 128, device="cuda")
-    lines = ["## host time per call (8x128 softmax, 2000 calls back to back)"]
-    for name in ("eager", "inductor", "kiln"):
-        torch._dynamo.reset()
-        compilers = {"eager": lambda f: f, "inductor": torch.compile, "kiln": kiln.compile}
-        fn = compilers[name](gpu.softmax)
-        with torch.no_grad():
-            for _ in range(20):
-                fn(x)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(2000):
-                fn(x)
-            torch.cuda.synchronize()
-        lines.append(f"- {name}: {(time.perf_counter() - t0) / 2000 * 1e6:.1f} us")
+    lines = []
+    compilers = {"eager": lambda f: f, "inductor": torch.compile, "kiln": kiln.compile}
+    for case, fn, x in (("8x128 softmax", gpu.softmax, torch.randn(8, 128, device="cuda")),
+                        ("tiny mlp 32x64", gpu.TinyMLP().cuda(), torch.randn(32, 64, device="cuda"))):
+        lines.append(f"## host time per call ({case}, 2000 calls back to back)")
+        for name, compile_fn in compilers.items():
+            torch._dynamo.reset()
+            compiled = compile_fn(fn)
+            with torch.no_grad():
+                for _ in range(20):
+                    compiled(x)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(2000):
+                    compiled(x)
+                torch.cuda.synchronize()
+            lines.append(f"- {name}: {(time.perf_counter() - t0) / 2000 * 1e6:.1f} us")
     return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cases", default="host,layernorm,softmax,rmsnorm,odd,loss,gelu")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="source variants to time")
     args = parser.parse_args()
+    variants = args.variants.split(",")
     wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
     out = host_overhead() if "host" in wanted else []
     cases = [(name, fn, fargs, moved) for name, fn, fargs, moved, _, _ in gpu.cases()] + list(extra_cases())
     for name, fn, fargs, moved in cases:
         if moved and any(w in name for w in wanted):
-            out += probe_case(name, fn, fargs, moved)
+            out += probe_case(name, fn, fargs, moved, variants)
     print("\n".join(out))
     return 0
 
