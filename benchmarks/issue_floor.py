@@ -69,6 +69,10 @@ def cases():
     yield "softmax 65536x1024 bf16", gpu.softmax, (s,), 2 * s.nbytes
     c = torch.randn(1 << 26)
     yield "chain 64M f32", gpu.chain, (c, c), 3 * c.nbytes
+    x, w = torch.randn(16381, 4093, dtype=bf16), torch.randn(4093, dtype=bf16)
+    yield "rmsnorm 16381x4093 bf16 (odd)", gpu.rmsnorm, (x, w), 2 * x.nbytes + w.nbytes
+    s = torch.randn(65521, 1021, dtype=bf16)
+    yield "softmax 65521x1021 bf16 (odd)", gpu.softmax, (s,), 2 * s.nbytes
 
 
 def generate(wanted: list[str]) -> dict:

@@ -14,6 +14,9 @@ from kiln.ir import kernel as k
 from kiln.ir.index import Expr, FloorDiv, Sym
 from kiln.ir.kernel import compute_dtype
 
+# An element-wise kernel's mask must not change inside a 16-byte vector (at most 16 elements)
+# for Triton to load whole vectors.
+MASK_GRAIN = 16
 # Rows up to this length are reduced in one tile (and may keep values for later stages).
 PERSISTENT_MAX = 4096
 # Programs that keep a GPU busy (an H100/H200 has 132 multiprocessors): a reduction with
@@ -365,6 +368,15 @@ class _Renderer:
                 self.emit(1, f"{s.out} = tl.full([XBLOCK, 1], {value}, {'tl.int64' if arg else tl_type(t)})")
 
     # -------------------------------------------------------------- kernel
+    def _flat_body(self, depth: int, mask: str) -> None:
+        """An element-wise kernel's body over its flat index."""
+        self.emit(depth, f"xmask = {mask}")
+        self.emit(depth, "zero_x = tl.zeros([XBLOCK], tl.int32)")
+        self._decompose(depth, "xindex", self.k.outer)
+        for stage in self.k.stages:
+            for s in stage.body:
+                self.stmt(s, depth, stage.loop)
+
     def _decompose(self, depth: int, flat: str, syms) -> None:
         stride = 1
         for sym in reversed(syms):
@@ -403,10 +415,17 @@ class _Renderer:
             for sym in lines:
                 self.emit(1, f"{sym.name} = {sym.name} + zero_x")
             self.emit(1, f"{inner.name} = xindex")
+        elif kern.outer_numel % MASK_GRAIN:
+            # a mask that can change inside a 16-byte vector makes Triton load and store one
+            # element at a time: every program but the last covers a full tile and needs none
+            self.emit(1, f"if {pid} < {kern.outer_numel} // XBLOCK:")
+            self._flat_body(2, "tl.full([XBLOCK], 1, tl.int1)")
+            self.emit(1, "else:")
+            self._flat_body(2, f"xindex < {kern.outer_numel}")
+            return "\n".join(self.lines)
         else:
-            self.emit(1, f"xmask = xindex < {kern.outer_numel}")
-            self.emit(1, "zero_x = tl.zeros([XBLOCK], tl.int32)")
-            self._decompose(1, "xindex", kern.outer)
+            self._flat_body(1, f"xindex < {kern.outer_numel}")
+            return "\n".join(self.lines)
         if self.persistent:
             self.emit(1, "rindex = tl.arange(0, RBLOCK)[None, :]")
             self.emit(1, f"rmask = rindex < {kern.reduce_numel}")

@@ -1,0 +1,22 @@
+"""Choices the Triton renderer makes in the source it writes (what runs is checked by the
+end-to-end tests through Triton's interpreter)."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.codegen import triton as tr
+from planning import plan
+
+
+def test_an_element_wise_kernel_of_odd_size_masks_only_its_last_program():
+    # a mask that changes inside a vector makes Triton load element by element: full tiles
+    # get a mask that is true throughout
+    _, (odd,) = plan(lambda x: torch.tanh(x) * 2, torch.randn(1001))
+    source = tr.render_source(odd)
+    assert "if tl.program_id(0) < 1001 // XBLOCK:" in source
+    assert source.count("xmask = tl.full([XBLOCK], 1, tl.int1)") == 1
+    assert source.count("xmask = xindex < 1001") == 1
+    _, (even,) = plan(lambda x: torch.tanh(x) * 2, torch.randn(1024))
+    source = tr.render_source(even)
+    assert "if " not in source and source.count("xmask = xindex < 1024") == 1
