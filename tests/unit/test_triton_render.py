@@ -20,3 +20,12 @@ def test_an_element_wise_kernel_of_odd_size_masks_only_its_last_program():
     _, (even,) = plan(lambda x: torch.tanh(x) * 2, torch.randn(1024))
     source = tr.render_source(even)
     assert "if " not in source and source.count("xmask = xindex < 1024") == 1
+
+
+def test_rows_off_16_byte_boundaries_get_programs_of_one_row():
+    # rows of 1021 bf16 values start 2-14 bytes past a 16-byte boundary, so they load element
+    # by element; programs of one row run faster for them than programs of two
+    _, (odd,) = plan(lambda x: torch.softmax(x, -1), torch.randn(64, 1021, dtype=torch.bfloat16))
+    _, (even,) = plan(lambda x: torch.softmax(x, -1), torch.randn(64, 1000, dtype=torch.bfloat16))
+    assert not tr._rows_aligned(odd) and tr._rows_aligned(even)
+    assert tr.launch_config(odd, False)[0] == 1 and tr.launch_config(even, False)[0] == 2
