@@ -1,5 +1,5 @@
-"""Choices the Triton renderer makes in the source it writes (what runs is checked by the
-end-to-end tests through Triton's interpreter)."""
+"""Choices kiln makes for a Triton kernel, in the source it writes and in how it compiles it
+(what runs is checked by the end-to-end tests through Triton's interpreter)."""
 
 from __future__ import annotations
 
@@ -27,5 +27,19 @@ def test_rows_off_16_byte_boundaries_get_programs_of_one_row():
     # by element; programs of one row run faster for them than programs of two
     _, (odd,) = plan(lambda x: torch.softmax(x, -1), torch.randn(64, 1021, dtype=torch.bfloat16))
     _, (even,) = plan(lambda x: torch.softmax(x, -1), torch.randn(64, 1000, dtype=torch.bfloat16))
-    assert not tr._rows_aligned(odd) and tr._rows_aligned(even)
+    assert not tr.rows_aligned(odd) and tr.rows_aligned(even)
     assert tr.launch_config(odd, False)[0] == 1 and tr.launch_config(even, False)[0] == 2
+
+
+def test_kernels_over_rows_off_16_byte_boundaries_assume_no_alignment(tmp_path):
+    # an aligned tensor beside misaligned rows would load in wider pieces than the rows, and
+    # Triton would convert between the two through shared memory
+    from kiln.runtime.triton_build import compile_args
+
+    sm90 = ("cuda", 90, 32)
+    _, (odd,) = plan(lambda x, w: x * w, torch.randn(64, 1021), torch.randn(1021))
+    _, (odd_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1021), torch.randn(1021))
+    _, (even_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1000), torch.randn(1000))
+    assert compile_args(odd_rows, tmp_path / "k.py", (1, 1024, 2), sm90).attrs == {}
+    for kernel in (odd, even_rows):  # element-wise kernels and aligned rows keep the assumption
+        assert len(compile_args(kernel, tmp_path / "k.py", (1, 1024, 2), sm90).attrs) == len(kernel.params)

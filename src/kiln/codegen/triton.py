@@ -535,12 +535,12 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
         # 1024 2% faster than 4096 over 4, and GPT-2's step (rows of 768) no slower; rows off
         # 16-byte boundaries load element by element, and 1024 elements per program made
         # softmax over rows of 1021 11% faster than 2048
-        tile = 2048 if _rows_aligned(kernel) else 1024
+        tile = 2048 if rows_aligned(kernel) else 1024
         return max(1, min(64, tile // rblock)), rblock, 2
     return max(1, min(64, 4096 // rblock)), rblock, 4
 
 
-def _rows_aligned(kernel: k.Kernel) -> bool:
+def rows_aligned(kernel: k.Kernel) -> bool:
     """Whether every row a kernel loads or stores along starts on a 16-byte boundary (given
     an aligned tensor), so that its rows load as whole vectors."""
     for stage in kernel.stages:

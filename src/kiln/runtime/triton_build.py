@@ -129,7 +129,12 @@ def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple) -> c
     xblock, rblock, warps = config
     signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
     signature.update(XBLOCK="constexpr", RBLOCK="constexpr")
-    attrs = {(i,): _aligned_attr(target) for i in range(len(kernel.params))}
+    # rows off 16-byte boundaries load element by element; an aligned tensor beside them
+    # would load in wider pieces, and converting between the two layouts goes through shared
+    # memory, so such kernels assume no alignment at all
+    from kiln.codegen.triton import rows_aligned
+
+    attrs = {(i,): _aligned_attr(target) for i in range(len(kernel.params))} if rows_aligned(kernel) else {}
     return compile_pool.CompileArgs(str(path), kernel.name, signature, {"XBLOCK": xblock, "RBLOCK": rblock}, attrs,
                                     tuple(target), _options(warps))
 
