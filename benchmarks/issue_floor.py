@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from pathlib import Path
 
 COPY_RATE = 4.22e12  # bytes read + written per second, measured on the H200 (docs/benchmarks.md)
 ISSUE_RATE = 32 * 4 * 132 * 1.98e9  # thread instructions per second: lanes x schedulers x SMs x clock
@@ -112,10 +113,10 @@ def main() -> int:
         os.environ.update(KILN_TARGET="triton", TRITON_INTERPRET="1", KILN_CACHE_DIR=tmp)
         generated = generate(wanted)
         kernels_path, counts_path = os.path.join(tmp, "kernels.pkl"), os.path.join(tmp, "counts.pkl")
-        pickle.dump({name: kernels for name, (kernels, _) in generated.items()}, open(kernels_path, "wb"))
+        Path(kernels_path).write_bytes(pickle.dumps({name: kernels for name, (kernels, _) in generated.items()}))
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KILN_TARGET")}
         subprocess.run([sys.executable, "-c", COUNT, kernels_path, tmp, counts_path], env=env, check=True)
-        counts = pickle.load(open(counts_path, "rb"))
+        counts = pickle.loads(Path(counts_path).read_bytes())
     print("| case | kernel | launch config | SASS instructions | per element | issue floor us | memory floor us |")
     print("|---|---|---|---|---|---|---|")
     for name, rows in counts.items():
