@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from kiln.ir.tensor import Builder, Graph, Node, Op, contiguous_strides
+from kiln.ir import index as ix
+from kiln.ir.tensor import Builder, Graph, Node, Op, contiguous_strides, dim_syms
 from kiln.lower import core
 from kiln.passes import simplify as s
 
@@ -255,6 +256,17 @@ def test_divide_by_softmax_sum_needs_the_row_maximum_of_the_same_values():
     assert s.divide_by_softmax_sum(b, softmax_quotient(b, x, shift=y)) is None
     assert s.divide_by_softmax_sum(b, pw(b, "div", y, row_of(b, row_reduce(b, "sum", pw(b, "exp", x))))) is None
     assert s.divide_by_softmax_sum(b, pw(b, "div", y, x)) is None
+
+
+def test_divide_by_softmax_sum_needs_each_row_shifted_by_its_own_maximum():
+    # exp(x[i] - max x[1 - i]) may sum to a tiny value: its reciprocal could overflow
+    b = Builder()
+    x = inp(b)
+    row_max = row_reduce(b, "max", x)
+    d0 = dim_syms(SHAPE)[0]
+    other_rows = core.view(b, row_max, [ix.as_expr(SHAPE[0] - 1) - ix.as_expr(d0)], SHAPE)
+    e = pw(b, "exp", pw(b, "sub", x, other_rows))
+    assert s.divide_by_softmax_sum(b, pw(b, "div", e, row_of(b, row_reduce(b, "sum", e)))) is None
 
 
 def test_every_rule_is_in_a_rule_set():

@@ -368,6 +368,19 @@ class _Renderer:
                 self.emit(1, f"{s.out} = tl.full([XBLOCK, 1], {value}, {'tl.int64' if arg else tl_type(t)})")
 
     # -------------------------------------------------------------- kernel
+    def _flat_kernel(self, pid: str) -> None:
+        """An element-wise kernel over its flat index. A mask that can change inside a 16-byte
+        vector makes Triton load and store one element at a time, so when the size leaves a
+        partial last tile, every program but the last runs with a mask that is true throughout."""
+        full = f"xindex < {self.k.outer_numel}"
+        if self.k.outer_numel % MASK_GRAIN == 0:
+            self._flat_body(1, full)
+            return
+        self.emit(1, f"if {pid} < {self.k.outer_numel} // XBLOCK:")
+        self._flat_body(2, "tl.full([XBLOCK], 1, tl.int1)")
+        self.emit(1, "else:")
+        self._flat_body(2, full)
+
     def _flat_body(self, depth: int, mask: str) -> None:
         """An element-wise kernel's body over its flat index."""
         self.emit(depth, f"xmask = {mask}")
@@ -399,13 +412,16 @@ class _Renderer:
             self.emit(1, f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         else:
             self.emit(1, f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
+        if not kern.reduce and not row_tiled(kern):
+            self._flat_kernel(pid)
+            return "\n".join(self.lines)
         if kern.reduce:
             self.emit(1, f"xmask = xindex < {kern.outer_numel}")
             self.emit(1, "zero_row = tl.zeros([XBLOCK, 1], tl.int32)")
             self.emit(1, "zero_tile = tl.zeros([XBLOCK, RBLOCK], tl.int32)")
             self._decompose(1, "xindex", kern.outer)
-        elif row_tiled(kern):
-            # a program covers XBLOCK points of one line: the line's indices are computed
+        else:
+            # row tiled: a program covers XBLOCK points of one line, whose indices are computed
             # once per program, not divided out of every point's flat index
             *lines, inner = kern.outer
             self.emit(1, f"xmask = xindex < {inner.extent}")
@@ -415,17 +431,6 @@ class _Renderer:
             for sym in lines:
                 self.emit(1, f"{sym.name} = {sym.name} + zero_x")
             self.emit(1, f"{inner.name} = xindex")
-        elif kern.outer_numel % MASK_GRAIN:
-            # a mask that can change inside a 16-byte vector makes Triton load and store one
-            # element at a time: every program but the last covers a full tile and needs none
-            self.emit(1, f"if {pid} < {kern.outer_numel} // XBLOCK:")
-            self._flat_body(2, "tl.full([XBLOCK], 1, tl.int1)")
-            self.emit(1, "else:")
-            self._flat_body(2, f"xindex < {kern.outer_numel}")
-            return "\n".join(self.lines)
-        else:
-            self._flat_body(1, f"xindex < {kern.outer_numel}")
-            return "\n".join(self.lines)
         if self.persistent:
             self.emit(1, "rindex = tl.arange(0, RBLOCK)[None, :]")
             self.emit(1, f"rmask = rindex < {kern.reduce_numel}")
@@ -543,13 +548,9 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
 def rows_aligned(kernel: k.Kernel) -> bool:
     """Whether every row a kernel loads or stores along starts on a 16-byte boundary (given
     an aligned tensor), so that its rows load as whole vectors."""
-    for stage in kernel.stages:
-        for s in stage.body:
-            if isinstance(s, (k.Load, k.Store)) and any(s.index.coef(r) == 1 for r in kernel.reduce):
-                size = torch.empty((), dtype=s.dtype).element_size()
-                if any(s.index.coef(x) * size % 16 for x in kernel.outer):
-                    return False
-    return True
+    along_rows = [s for st in kernel.stages for s in st.body
+                  if isinstance(s, (k.Load, k.Store)) and any(s.index.coef(r) == 1 for r in kernel.reduce)]
+    return all(s.index.coef(x) * s.dtype.itemsize % 16 == 0 for s in along_rows for x in kernel.outer)
 
 
 def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:

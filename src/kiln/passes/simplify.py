@@ -173,6 +173,11 @@ def divide_by_softmax_sum(b: Builder, n: Node) -> Node | None:
     x, row_max = shifted.inputs[0], shifted.inputs[1].inputs[0]
     if row_max.op is not Op.REDUCE or row_max.attrs != ("max", total.attrs[1]) or row_max.inputs[0] is not x:
         return None
+    # each element less its own row's maximum (a view taking another row's could leave s tiny)
+    axes = total.attrs[1]
+    own_row = tuple(ix.as_expr(d) for i, d in enumerate(dim_syms(x.shape)) if i not in axes)
+    if shifted.inputs[1].attrs[:2] != (own_row, ()):
+        return None
     reciprocal = core.pointwise(b, "div", core.constant(b, 1, total.dtype), total)
     return _same(n, core.pointwise(b, "mul", a, core.view(b, reciprocal, den.attrs[0], den.shape)))
 

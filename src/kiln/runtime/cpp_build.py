@@ -22,8 +22,9 @@ from pathlib import Path
 from kiln.runtime.cache import atomic_write, cache_dir, compiler_version, content_hash, cpu_model
 
 # -O3 and native vector instructions; no -ffast-math, so NaN and infinity behave as in eager.
-# GCC's tuning for many AVX-512 CPUs keeps vectors at 256 bits; 512 made a 20-op element-wise
-# chain 3x faster on an AVX-512 Xeon (glibc's 16-lane exp and tanh). Without AVX-512 it is moot.
+# GCC's tuning for the AVX-512 Xeon we measured (-march=native: rocketlake) keeps vectors at 256
+# bits; 512 made a 20-op element-wise chain 3x faster there (glibc's 16-lane exp and tanh).
+# Without AVX-512 it is moot.
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC"]
 LIBS = ["-lmvec", "-lm"]
 PRELUDE = Path(__file__).resolve().parent.parent / "codegen" / "cpp_prelude.h"

@@ -125,7 +125,8 @@ def _options(num_warps: int) -> dict:
 
 def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple) -> compile_pool.CompileArgs:
     """triton.compile's arguments for one launch configuration of a kernel, specialized as
-    the JIT specializes tensors that are all 16-byte aligned (the direct launch's condition)."""
+    the JIT specializes tensors that are all 16-byte aligned (the direct launch's condition),
+    unless the kernel's rows are not (see below)."""
     xblock, rblock, warps = config
     signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
     signature.update(XBLOCK="constexpr", RBLOCK="constexpr")
