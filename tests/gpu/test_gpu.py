@@ -36,6 +36,21 @@ def test_norms_long_rows(dtype):
     check(f, x, w, b, expect_native=True)
 
 
+def test_float32_gelu_is_as_accurate_as_eagers():
+    import math
+
+    import kiln
+
+    x = torch.cat([torch.linspace(-10, 10, 1 << 22, device=CUDA), torch.randn(1 << 20, device=CUDA) * 3])
+    ref = x.double() * 0.5 * torch.special.erfc(-x.double() / math.sqrt(2))
+
+    def error(y):  # relative where |x| > 1, absolute below
+        return ((y.double() - ref).abs() / x.double().abs().clamp(min=1)).max().item()
+
+    ours, eager = error(kiln.compile(F.gelu)(x)), error(F.gelu(x))
+    assert ours <= max(2 * eager, 3e-7), (ours, eager)
+
+
 def test_conversions_and_creations_on_the_graph_device_are_native():
     def f(x):
         return (x.to(device="cuda", dtype=torch.bfloat16) * 2, x.to(device=x.device, dtype=torch.float64),

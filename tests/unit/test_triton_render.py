@@ -43,3 +43,14 @@ def test_kernels_over_rows_off_16_byte_boundaries_assume_no_alignment(tmp_path):
     assert compile_args(odd_rows, tmp_path / "k.py", (1, 1024, 2), sm90).attrs == {}
     for kernel in (odd, even_rows):  # element-wise kernels and aligned rows keep the assumption
         assert len(compile_args(kernel, tmp_path / "k.py", (1, 1024, 2), sm90).attrs) == len(kernel.params)
+
+
+def test_gelu_stays_one_function_and_its_tanh_form_decomposes():
+    # the erf form has a cheaper exact formulation than erf itself (km.gelu); the tanh form
+    # is tanh already
+    import torch.nn.functional as F
+
+    _, (exact,) = plan(lambda x: F.gelu(x) * 2, torch.randn(64, 128, dtype=torch.bfloat16))
+    _, (tanh,) = plan(lambda x: F.gelu(x, approximate="tanh") * 2, torch.randn(64, 128))
+    assert "km.gelu(" in tr.render_source(exact) and "erf" not in tr.render_source(exact)
+    assert "km.gelu(" not in tr.render_source(tanh) and "km.tanh(" in tr.render_source(tanh)

@@ -138,6 +138,8 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         return f"(({ctype(t)})1 / {a[0]})"
     if fn == "sigmoid":
         return f"kiln_sigmoid({a[0]})"
+    if fn == "gelu":
+        return f"kiln_gelu({a[0]})"
     if fn == "sign":
         return f"kiln_sign({a[0]})" if t is not torch.bool else a[0]
     if fn == "isnan":

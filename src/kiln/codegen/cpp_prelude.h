@@ -66,6 +66,9 @@ static inline int64_t kiln_pow(int64_t a, int64_t b) {
 template <typename T> static inline T kiln_sign(T a) { return (T)((a > 0) - (a < 0)); }  // sign(NaN) == 0 in eager
 template <typename T> static inline T kiln_sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
 static inline float kiln_sigmoid(float a) { return 1.0f / (1.0f + expf(-a)); }
+// GELU's erf form, computed as eager does
+template <typename T> static inline T kiln_gelu(T a) { return a * T(0.5) * (T(1) + std::erf(a * T(0.70710678118654752440))); }
+static inline float kiln_gelu(float a) { return a * 0.5f * (1.0f + erff(a * 0.70710678118654752440f)); }
 // Shifts by the bit width or more (or by a negative amount) are defined as in eager, not UB.
 template <typename T> static inline T kiln_lshift(T a, T b) {
   typedef typename std::make_unsigned<T>::type U;

@@ -131,6 +131,8 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         return f"{sqrt}({a[0]})"
     if fn == "erf" and f32:
         return f"km.erf_f32({a[0]})"
+    if fn == "gelu":
+        return f"km.gelu({a[0]})" if f32 else f"({a[0]} * 0.5 * (1.0 + tl.erf({a[0]} * 0.7071067811865476)))"
     if fn in _TL_UNARY and (fp or fn == "abs"):
         return f"{_TL_UNARY[fn]}({a[0]})"
     if fn in _KM_UNARY and fp:

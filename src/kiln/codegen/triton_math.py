@@ -46,6 +46,24 @@ def erf_f32(x):
     return tl.where(t >= 1.0, signed_tail, x * s)  # NaN fails t >= 1: x * s is NaN
 
 
+# float32 GELU (erf form) as x * Phi(x), Phi(x) = 1 / (1 + 2^(x h(x^2))): one exp2 and one
+# reciprocal instead of erf's two polynomials. h is a degree-6 minimax fit of
+# log2((1 - Phi) / Phi) / x for |x| <= 5.5 (weighted by dPhi, so Phi is within 2e-7 of the
+# normal CDF everywhere, erf's own accuracy in GELU's 1 + erf); beyond 5.5 the clamped h still
+# drives Phi to 0 or 1. LayerNorm+GELU on the H200: 43 instructions per element and 0.095 ms
+# through erf, 33 and 0.079 ms in this form.
+@triton.jit
+def _gelu_exponent(x):
+    u = tl.minimum(x * x, 30.25)  # a NaN x stays NaN through x * h
+    h = -4.9309645255846135e-09 * u + 3.746687013972405e-07
+    h = h * u - 1.132541638071416e-05
+    h = h * u + 0.0001587950682733208
+    h = h * u + 9.632727596908808e-05
+    h = h * u - 0.10483714938163757
+    h = h * u - 2.30220890045166
+    return tl.exp2(x * h)
+
+
 if not INTERPRETED:
     from triton.language.extra import libdevice
 
@@ -125,6 +143,13 @@ if not INTERPRETED:
     def copysign(x, y):
         return libdevice.copysign(x, y)
 
+    # one MUFU.RCP: Triton's division adds range checks, and 1 + 2^(...) is never subnormal
+    @triton.jit
+    def gelu(x):
+        r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [1.0 + _gelu_exponent(x)],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+        return x * r
+
     # bf16 conversions are round-to-nearest-even instructions on the GPU; left to Triton, a
     # product of two bf16 values rounded to bf16 becomes one packed bf16 multiply
     @triton.jit
@@ -161,6 +186,10 @@ else:
     @triton.jit
     def from_bf16(x):
         return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def gelu(x):
+        return x / (1.0 + _gelu_exponent(x))
 
     @triton.jit
     def tanh(x):

@@ -56,6 +56,7 @@ _TABLE = [
     ("erf", 1, torch.erf),
     ("erfc", 1, torch.erfc),
     ("sigmoid", 1, torch.sigmoid),
+    ("gelu", 1, torch.nn.functional.gelu),  # the erf form
     ("floor", 1, torch.floor),
     ("ceil", 1, torch.ceil),
     ("round", 1, torch.round),
@@ -105,6 +106,6 @@ PREDICATES = COMPARISONS | {"isnan", "isinf", "logical_not", "logical_and", "log
 # Functions that always compute in floating point (integers are promoted first).
 FLOAT_ONLY = frozenset(
     "exp exp2 log log2 log10 log1p expm1 sqrt rsqrt reciprocal sin cos tan asin acos atan "
-    "sinh cosh tanh asinh acosh atanh erf erfc sigmoid div atan2".split()
+    "sinh cosh tanh asinh acosh atanh erf erfc sigmoid gelu div atan2".split()
 )
 

@@ -59,6 +59,13 @@ def _rounding(ctx: LowerCtx, x):
     return pointwise(ctx.b, name, x, out_dtype=ctx.out_dtype)
 
 
+@lowering(aten.gelu.default)
+def _gelu(ctx: LowerCtx, x, approximate="none"):
+    if approximate != "none":  # the decomposition table keeps only the erf form whole
+        raise Unsupported(f"gelu(approximate={approximate!r})")
+    return pointwise(ctx.b, "gelu", x, out_dtype=ctx.out_dtype)
+
+
 @lowering(aten.isinf.default)
 def _isinf(ctx: LowerCtx, x):
     if not x.dtype.is_floating_point:
