@@ -19,6 +19,9 @@ GENERATE = textwrap.dedent('''
         yield lambda a, b: (a.amax(0), a.argmax(-1), torch.tanh(a)[::2] * b[1::2]), (x, y)
         xb = torch.randn(2, 6000, dtype=torch.bfloat16)  # a looped (non-persistent) reduction
         yield lambda a: (a * torch.rsqrt(a.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(a.dtype), (xb,)
+        xo, wo = torch.randn(64, 1021, dtype=torch.bfloat16), torch.randn(1021, dtype=torch.bfloat16)
+        # rows off 16-byte boundaries: aligned bodies and edges
+        yield lambda a, w: (torch.softmax(a, -1), (a * torch.rsqrt(a.float().pow(2).mean(-1, keepdim=True))).to(a.dtype) * w), (xo, wo)
         idx = torch.randint(0, 50, (4, 7))
         yield lambda w, i: torch.cat([w[i], F.pad(w[i], (1, 1))[..., 1:-1]], -1), (torch.randn(50, 16), idx)
 

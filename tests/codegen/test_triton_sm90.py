@@ -28,12 +28,39 @@ COMPILE = textwrap.dedent('''
 ''')
 
 
-def test_generated_triton_compiles_for_sm90(generated_kernels, tmp_path):
-    """Kernels generated through the interpreter path compile, unchanged, for sm_90."""
+def _compile_for_gpu(script: str, kernels: str, tmp_path) -> str:
+    """Run a script over the generated kernels as a GPU build would (no interpreter)."""
     env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path))
     env.pop("TRITON_INTERPRET", None)
     env.pop("KILN_TARGET", None)
-    proc = subprocess.run([sys.executable, "-c", COMPILE, generated_kernels], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", script, kernels], env=env, capture_output=True, text=True,
                           timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert int(proc.stdout.split("compiled")[-1]) >= 5
+    return proc.stdout
+
+
+def test_generated_triton_compiles_for_sm90(generated_kernels, tmp_path):
+    """Kernels generated through the interpreter path compile, unchanged, for sm_90."""
+    assert int(_compile_for_gpu(COMPILE, generated_kernels, tmp_path).split("compiled")[-1]) >= 5
+
+
+SPLIT_ROWS = textwrap.dedent('''
+    import pickle, sys
+    from kiln.codegen import triton as tr
+    from kiln.ir.kernel import Store
+    from kiln.runtime.triton_build import compile_for_target
+
+    split = [k for k in pickle.load(open(sys.argv[1], "rb")) if tr.split_rows(k) is not None]
+    assert split, "no kernel over rows off 16-byte boundaries"
+    for kern in split:
+        ptx = compile_for_target(kern, tr.render_source(kern)).asm["ptx"]
+        assert "ld.global.v4.b32" in ptx, kern.name
+        stores_rows = any(isinstance(s, Store) and s.index == tr.split_rows(kern).index
+                          for st in kern.stages for s in st.body)
+        assert "st.global.v4.b32" in ptx or not stores_rows, kern.name
+    print("split", len(split))
+''')
+
+
+def test_rows_off_16_byte_boundaries_load_and_store_whole_vectors(generated_kernels, tmp_path):
+    assert int(_compile_for_gpu(SPLIT_ROWS, generated_kernels, tmp_path).split("split")[-1]) >= 1

@@ -281,3 +281,20 @@ def test_rms_norm_module():
         return F.rms_norm(x, (x.shape[-1],), w, eps=1e-5)
 
     check(f, randn(5, 32), randn(32, seed=1))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rows_that_start_off_16_byte_boundaries(dtype):
+    # rows of 37 values: generated Triton splits each row into an aligned body of whole
+    # vectors and the few elements around it
+    def f(x, w):
+        rms = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+        return rms, torch.softmax(x, -1), F.layer_norm(x, (37,), w), x.argmax(-1), x.amin(-1), (x > 0).all(-1)
+
+    def shifted(flat, w):  # rows 3 values further on than the outputs': not split
+        return f(flat[3:].view(21, 37), w)
+
+    tol = TOLERANCE[torch.float32] if dtype is torch.float64 else None  # normalized in float32
+    w = randn(37, dtype=dtype, seed=1)
+    check(f, randn(21, 37, dtype=dtype), w, tol=tol, expect_native=True)
+    check(shifted, randn(21 * 37 + 3, dtype=dtype, seed=2), w, tol=tol, expect_native=True)

@@ -36,6 +36,29 @@ def test_norms_long_rows(dtype):
     check(f, x, w, b, expect_native=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_off_16_byte_boundaries(dtype):
+    # each row splits into an aligned body of whole vectors and an edge around it
+    def f(x, w):
+        xf = x.float()
+        rms = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+        return rms, torch.softmax(x, -1), x.amax(-1), (x * 2).sum(-1)
+
+    def g(flat, w):  # rows 3 elements further on
+        return f(flat[3:].view(67, -1), w)
+
+    for n in (1021, 37, 4093):
+        x, w = torch.randn(67, n, device=CUDA, dtype=dtype), torch.randn(n, device=CUDA, dtype=dtype)
+        check(f, x, w, expect_native=True)
+        check(g, torch.randn(67 * n + 3, device=CUDA, dtype=dtype), w, expect_native=True)
+        # a caller's tensor 6 bytes off alignment: the launch falls back to Triton's JIT
+        import kiln
+
+        view = torch.randn(67 * n + 3, device=CUDA, dtype=dtype)[3:].view(67, n)
+        for got, want in zip(kiln.compile(f)(view, w), f(view, w)):
+            torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
 def test_float32_gelu_is_as_accurate_as_eagers():
     import math
 

@@ -31,17 +31,37 @@ def test_rows_off_16_byte_boundaries_get_programs_of_one_row():
     assert tr.launch_config(odd, False)[0] == 1 and tr.launch_config(even, False)[0] == 2
 
 
+def test_rows_off_16_byte_boundaries_split_into_aligned_bodies_and_edges():
+    # rows of 1021 values start 4-12 bytes past a 16-byte boundary: the renderer loads and
+    # stores each row's aligned body as whole vectors and the elements around it one by one
+    _, (odd_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1021), torch.randn(1021))
+    split = tr.split_rows(odd_rows)
+    assert split is not None and split.vector == 4
+    source = tr.render_source(odd_rows)
+    assert "tl.load(in0 + (rbase + rindex), mask=xmask & rinner" in source
+    assert "tl.store(out0 + (rbase + rindex) + zero_tile" in source
+    assert "in1 + (r0)" in source  # the weight, by column, wherever the body starts
+    _, (even_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1000), torch.randn(1000))
+    assert tr.split_rows(even_rows) is None and "rbase" not in tr.render_source(even_rows)
+
+
 def test_kernels_over_rows_off_16_byte_boundaries_assume_no_alignment(tmp_path):
-    # an aligned tensor beside misaligned rows would load in wider pieces than the rows, and
-    # Triton would convert between the two through shared memory
+    # unless they split (above): an aligned tensor beside misaligned rows would load in wider
+    # pieces than the rows, and Triton would convert between the two through shared memory
     from kiln.runtime.triton_build import compile_args
 
     sm90 = ("cuda", 90, 32)
+
+    def shifted(x):  # two row windows that start at different offsets: no common split
+        return torch.softmax(x[:, 1:], -1) * x[:, :-1]
+
     _, (odd,) = plan(lambda x, w: x * w, torch.randn(64, 1021), torch.randn(1021))
-    _, (odd_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1021), torch.randn(1021))
+    _, (unsplit,) = plan(shifted, torch.randn(64, 1022))
+    _, (split,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1021), torch.randn(1021))
     _, (even_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1000), torch.randn(1000))
-    assert compile_args(odd_rows, tmp_path / "k.py", (1, 1024, 2), sm90).attrs == {}
-    for kernel in (odd, even_rows):  # element-wise kernels and aligned rows keep the assumption
+    assert tr.split_rows(unsplit) is None and not tr.rows_aligned(unsplit)
+    assert compile_args(unsplit, tmp_path / "k.py", (1, 1024, 2), sm90).attrs == {}
+    for kernel in (odd, split, even_rows):  # element-wise kernels, split rows, aligned rows
         assert len(compile_args(kernel, tmp_path / "k.py", (1, 1024, 2), sm90).attrs) == len(kernel.params)
 
 

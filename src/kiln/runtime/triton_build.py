@@ -130,12 +130,13 @@ def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple) -> c
     xblock, rblock, warps = config
     signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
     signature.update(XBLOCK="constexpr", RBLOCK="constexpr")
-    # rows off 16-byte boundaries load element by element; an aligned tensor beside them
-    # would load in wider pieces, and converting between the two layouts goes through shared
-    # memory, so such kernels assume no alignment at all
-    from kiln.codegen.triton import rows_aligned
+    # rows off 16-byte boundaries that do not split into aligned bodies load element by
+    # element; an aligned tensor beside them would load in wider pieces, and converting
+    # between the two layouts goes through shared memory, so such kernels assume no alignment
+    from kiln.codegen.triton import rows_aligned, split_rows
 
-    attrs = {(i,): _aligned_attr(target) for i in range(len(kernel.params))} if rows_aligned(kernel) else {}
+    aligned = rows_aligned(kernel) or split_rows(kernel) is not None
+    attrs = {(i,): _aligned_attr(target) for i in range(len(kernel.params))} if aligned else {}
     return compile_pool.CompileArgs(str(path), kernel.name, signature, {"XBLOCK": xblock, "RBLOCK": rblock}, attrs,
                                     tuple(target), _options(warps))
 
