@@ -398,9 +398,10 @@ class _Renderer:
         self.emit(1, f"rbase = tl.max_constancy(tl.max_contiguous({hint}, [1, 1]), [1, 1])")
         self.emit(1, "rinner = rindex < rbody")
         self.emit(1, "redge = (rindex >= rbody) & rmask")
-        self.emit(1, f"{r.name} = tl.where(rinner, rhead + rindex, tl.where(rindex < rbody + rhead, rindex - rbody, rindex))")
+        column = "tl.where(rindex < rbody + rhead, rindex - rbody, rindex)"  # edge lanes: head, then tail
+        self.emit(1, f"{r.name} = tl.where(rinner, rhead + rindex, {column})")
 
-    def _split_access(self, buf: str, index: Expr, ptr: str, mask: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    def _split_access(self, buf: str, index: Expr, ptr: str, mask: str) -> tuple[tuple[str, str], ...]:
         """(pointer, mask) of a streamed buffer's body and of its edge."""
         body = ptr.replace(f"{buf} + ({render_index(index)})", f"{buf} + (rbase + rindex)", 1)
         # the body's mask must not change inside a vector: rinner, not rmask & rinner
