@@ -1,7 +1,7 @@
 """kiln: a compiler for PyTorch programs.
 
     torch.compile(model, backend="kiln")      # after `pip install`
-    kiln.compile(model, fullgraph=False, dynamic=False, mode="default")
+    kiln.compile(model, fullgraph=False, dynamic=None, mode="default")
 """
 
 from __future__ import annotations

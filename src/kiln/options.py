@@ -15,15 +15,17 @@ class Options:
     """Options of kiln.compile.
 
     fullgraph: raise on a graph break instead of splitting the program.
-    dynamic: False (the default) compiles each new input shape on its own, which kiln turns
-        into native kernels; None lets Dynamo decide and True marks shapes dynamic (graphs
-        with symbolic shapes run in ATen for now).
+    dynamic: None (the default) lets Dynamo decide: once an input's shape changes, Dynamo
+        traces the graph with symbolic shapes, and kiln compiles it again for each shape it
+        meets; True traces symbolic shapes from the start; False has Dynamo trace each new
+        shape on its own (and patch its configuration around every call, which costs host
+        time).
     mode: "default", "reduce-overhead" (CUDA graphs where possible) or "max-autotune".
     target: code generator: "auto" (C++ for CPU tensors), "cpp" or "triton".
     """
 
     fullgraph: bool = False
-    dynamic: bool | None = False
+    dynamic: bool | None = None
     mode: str = "default"
     target: str = "auto"
 

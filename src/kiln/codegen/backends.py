@@ -29,6 +29,8 @@ class Backend:
     # is a program, a column reduction's program computes column_block outputs
     busy_programs: int = 0
     column_block: int = 1
+    # launch-bound matmuls with a bias become mm + a fused bias add (frontend/addmm.py)
+    split_small_addmm: bool = False
 
 
 def _cpp(options) -> Backend:
@@ -58,7 +60,7 @@ def _triton(options) -> Backend:
     unsupported = triton_math.INTERPRETER_UNSUPPORTED if triton_math.INTERPRETED else frozenset()
     # a persistent row lives in registers: keeping it is free, re-reading it is not
     return Backend("triton", "Triton", tr.render_source, build, False, tr.PERSISTENT_MAX, True, unsupported,
-                   tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK)
+                   tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True)
 
 
 _FACTORIES = {"cpp": _cpp, "triton": _triton}

@@ -1,6 +1,7 @@
 """kiln's compiler, one ordered list of passes. Read this file first.
 
     attention   matmul + scale + causal mask + softmax + matmul -> one fused attention call
+    addmm       a launch-bound addmm -> mm + a bias add that fuses (where the backend asks)
     import      FX graph of ATen ops -> tensor graph (unlowered ops become ATen calls)
     simplify    DCE + CSE (by rebuilding), constant folding, algebraic identities
     split       long reductions with few outputs -> partial results + a small final reduction
@@ -30,6 +31,7 @@ import torch.fx as fx
 
 from kiln.codegen.backends import Backend
 from kiln.codegen.wrapper import build_host_program
+from kiln.frontend.addmm import split_launch_bound_addmm
 from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
 from kiln.ir.kernel import Kernel, kernel_str
@@ -94,6 +96,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], backend: Backen
     report = CompileReport(backend=backend.name)
     with _Timer(report, "attention") as t:
         t.summary = f"{rewrite_attention(gm)} written-out attentions fused"
+    if backend.split_small_addmm:
+        with _Timer(report, "addmm") as t:
+            t.summary = f"{split_launch_bound_addmm(gm)} launch-bound addmm split into mm + bias"
     with _Timer(report, "import") as t:
         graph, report.fallbacks = import_graph(gm, example_inputs, backend.unsupported_fns)
         t.summary = f"{len(graph.nodes)} nodes, {len(report.fallbacks)} op kinds run in ATen"
