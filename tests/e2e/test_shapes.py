@@ -16,3 +16,26 @@ def test_each_new_shape_compiles_natively():
         x = torch.randn(rows, 16)
         torch.testing.assert_close(compiled(x), f(x))
     assert len(REPORTS) - before == 3  # one native compile per shape, none left to ATen
+
+
+def test_a_graph_traced_with_symbolic_shapes_compiles_once_per_shape():
+    # dynamic=True: Dynamo traces one graph with symbolic shapes; kiln compiles it for each
+    # concrete shape it meets, forward and backward, and reuses it when a shape comes back
+    lin = torch.nn.Linear(16, 8)
+
+    def f(x):
+        return torch.nn.functional.gelu(lin(x)).sum(-1)
+
+    compiled = kiln.compile(f, dynamic=True)
+    before = len(REPORTS)
+    for rows in (4, 7, 4):
+        x = torch.randn(rows, 16, requires_grad=True)
+        x_eager = x.detach().clone().requires_grad_()
+        got, want = compiled(x), f(x_eager)
+        torch.testing.assert_close(got, want)
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(x.grad, x_eager.grad)
+    assert len(REPORTS) - before == 4  # forward and backward for 4 and 7 rows; 4 again is cached
+    assert all(not r.fallbacks or set(r.fallbacks) <= {"aten.addmm.default", "aten.mm.default"}
+               for r in REPORTS[before:])
