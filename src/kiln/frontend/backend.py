@@ -26,15 +26,15 @@ REPORTS: list = []
 def _unsupported_reason(example_inputs: list[Any], target: str) -> str | None:
     devices = set()
     for x in example_inputs:
-        if isinstance(x, torch.SymInt):
-            return "dynamic shapes are not compiled yet"
+        if isinstance(x, torch.SymInt):  # kiln_backend compiles symbolic graphs per shape instead
+            return "symbolic shapes reached the compiler"
         if isinstance(x, torch.Tensor):
             devices.add(x.device)
             problem = target_problem(target, x.device)
             if problem:
                 return problem
             if any(isinstance(s, torch.SymInt) for s in x.shape):
-                return "dynamic shapes are not compiled yet"
+                return "symbolic shapes reached the compiler"
             if x.is_complex() or x.is_sparse or x.is_quantized:
                 return f"{x.dtype} / {x.layout} tensors are not compiled"
     if len(devices) > 1:
