@@ -39,3 +39,19 @@ def test_a_graph_traced_with_symbolic_shapes_compiles_once_per_shape():
     assert len(REPORTS) - before == 4  # forward and backward for 4 and 7 rows; 4 again is cached
     assert all(not r.fallbacks or set(r.fallbacks) <= {"aten.addmm.default", "aten.mm.default"}
                for r in REPORTS[before:])
+
+
+def test_past_the_shape_limit_new_shapes_run_in_aten(monkeypatch):
+    from kiln.frontend.backend import _PerShape
+
+    monkeypatch.setattr(_PerShape, "SHAPE_LIMIT", 2)
+
+    def f(x):
+        return torch.softmax(x * 2, -1)
+
+    compiled = kiln.compile(f, dynamic=True)
+    before = len(REPORTS)
+    for rows in (3, 5, 6, 7, 3):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert len(REPORTS) - before == 2

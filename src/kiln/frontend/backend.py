@@ -92,7 +92,10 @@ class _PerShape:
     """A graph Dynamo traced with symbolic shapes, compiled by kiln for each concrete shape it
     meets (kiln's kernels are specialized to their shapes). Dynamo keeps one graph and its
     guards; without it a caller would need dynamic=False, for which Dynamo patches its
-    configuration around every call (24 us of host time per call on the H200's host)."""
+    configuration around every call (24 us of host time per call on the H200's host). Past
+    SHAPE_LIMIT shapes, as past Dynamo's recompile limit, new shapes run in ATen."""
+
+    SHAPE_LIMIT = 16
 
     def __init__(self, gm: fx.GraphModule, options: Options):
         self.gm, self.options = gm, options
@@ -104,7 +107,12 @@ class _PerShape:
                     else a for a in args)
         fn = self.compiled.get(key)
         if fn is None:
-            fn = self.compiled[key] = kiln_backend(self.gm, list(args), self.options)
+            if len(self.compiled) >= self.SHAPE_LIMIT:
+                if len(self.compiled) == self.SHAPE_LIMIT:
+                    log.warning("kiln: a graph met %d shapes; further shapes run in ATen", self.SHAPE_LIMIT)
+                fn = self.compiled[key] = self.gm.forward
+            else:
+                fn = self.compiled[key] = kiln_backend(self.gm, list(args), self.options)
         return fn(*args)
 
 
