@@ -6,21 +6,26 @@ import subprocess
 import sys
 import textwrap
 
-ERF = textwrap.dedent('''
-    import math, torch, triton, triton.language as tl
-    from kiln.codegen import triton_math as km
+def _applying(fn: str, body: str) -> str:
+    """A script that defines `apply`, a kernel computing km.<fn> element-wise, then runs body."""
+    return textwrap.dedent(f'''
+        import math, torch, triton, triton.language as tl
+        from kiln.codegen import triton_math as km
 
-    @triton.jit
-    def apply_erf(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(y_ptr + i, km.erf_f32(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+        @triton.jit
+        def apply(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(y_ptr + i, km.{fn}(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
+    ''') + textwrap.dedent(body)
 
+
+ERF = _applying("erf_f32", '''
     torch.manual_seed(0)
     x = torch.cat([torch.linspace(-5, 5, 200001), torch.logspace(-30, 1, 20001), torch.randn(20000) * 2,
                    torch.tensor([0.0, -0.0, 1.0, -1.0, 4.0, 3.9, 100.0, float("inf"), -float("inf")])])
     x = torch.cat([x, -x])
     y = torch.empty_like(x)
-    apply_erf[(triton.cdiv(x.numel(), 4096),)](x, y, x.numel(), BLOCK=4096)
+    apply[(triton.cdiv(x.numel(), 4096),)](x, y, x.numel(), BLOCK=4096)
     ref = torch.erf(x.double())
     magnitude = ref.float().abs()
     spacing = (torch.nextafter(magnitude, torch.tensor(float("inf"))) - magnitude).double()
@@ -28,25 +33,17 @@ ERF = textwrap.dedent('''
     assert torch.equal(y[x.abs() >= 4], torch.sign(x[x.abs() >= 4])), "erf rounds to +-1 from 4 on"
     z = torch.tensor([float("nan"), 0.5])
     out = torch.empty_like(z)
-    apply_erf[(1,)](z, out, 2, BLOCK=2)
+    apply[(1,)](z, out, 2, BLOCK=2)
     assert math.isnan(out[0].item())
 ''')
 
 
-GELU = textwrap.dedent('''
-    import math, torch, triton, triton.language as tl
-    from kiln.codegen import triton_math as km
-
-    @triton.jit
-    def apply_gelu(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(y_ptr + i, km.gelu(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
-
+GELU = _applying("gelu", '''
     torch.manual_seed(0)
     x = torch.cat([torch.linspace(-8, 8, 400001), torch.logspace(-30, 1, 20001), torch.randn(20000) * 3])
     x = torch.cat([x, -x, torch.tensor([0.0, 5.5, -5.5, 30.0, -30.0, 1e30, -1e30, float("inf"), float("nan")])])
     y = torch.empty_like(x)
-    apply_gelu[(triton.cdiv(x.numel(), 4096),)](x, y, x.numel(), BLOCK=4096)
+    apply[(triton.cdiv(x.numel(), 4096),)](x, y, x.numel(), BLOCK=4096)
     x64 = x.double()
     phi = 0.5 * torch.special.erfc(-x64 / math.sqrt(2))
     # GELU is x * Phi(x): the error is Phi's, scaled by |x|, plus the product's rounding
