@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+
 def _applying(fn: str, body: str) -> str:
     """A script that defines `apply`, a kernel computing km.<fn> element-wise, then runs body."""
     return textwrap.dedent(f'''
