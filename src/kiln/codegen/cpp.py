@@ -233,6 +233,7 @@ class _Renderer:
     def __init__(self, kernel: k.Kernel):
         self.k = kernel
         self.types: dict[str, torch.dtype] = {}
+        self.rounded_bf16: set[str] = set()  # values held as floats that are bf16 values already
         self.lines: list[str] = []
 
     def emit(self, depth: int, text: str) -> None:
@@ -251,6 +252,8 @@ class _Renderer:
             if s.mask:
                 value = f"({s.mask} ? {value} : ({ctype(t)})0)"
             self.types[s.out] = s.dtype
+            if s.dtype is torch.bfloat16:
+                self.rounded_bf16.add(s.out)
             self.emit(depth, f"{ctype(t)} {s.out} = {value};")
         elif isinstance(s, k.Const):
             self.types[s.out] = s.dtype
@@ -265,13 +268,15 @@ class _Renderer:
         elif isinstance(s, k.Compute):
             expr = render_compute(s, [self.types[a] for a in s.args])
             self.types[s.out] = s.dtype
+            if s.dtype is torch.bfloat16 and (k.rounds_result(s) or s.fn == "cast"):
+                self.rounded_bf16.add(s.out)
             self.emit(depth, f"{ctype(s.dtype)} {s.out} = {expr};")
         elif isinstance(s, k.Reduce):
             self.reduce_update(s, depth)
         elif isinstance(s, k.Store):
             value = s.value
-            if s.dtype is torch.bfloat16:
-                value = f"kiln_to_bf16({value})"
+            if s.dtype is torch.bfloat16:  # a value rounded already keeps its upper half
+                value = f"kiln_bf16_bits({value})" if value in self.rounded_bf16 else f"kiln_to_bf16({value})"
             elif s.dtype is torch.float16:
                 value = f"(_Float16){value}"
             elif compute_dtype(self.types[s.value]) != s.dtype:

@@ -26,6 +26,7 @@ static inline uint16_t kiln_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 static inline float kiln_round_bf16(float f) { return kiln_from_bf16(kiln_to_bf16(f)); }
+static inline uint16_t kiln_bf16_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return (uint16_t)(u >> 16); }
 static inline float kiln_round_f16(float f) { return (float)(_Float16)f; }
 
 template <typename T> static inline T kiln_maximum(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
