@@ -87,13 +87,14 @@ def _direct_launch(compiled, grid: tuple[int, int, int], config: Config, n_point
 
 
 class TunedLauncher:
-    """Calling it checks that every tensor is 16-byte aligned, as the binaries assume, and
-    falls back to Triton's JIT when one is not; the host program calls `aligned` directly
+    """Calling it checks that every tensor is 16-byte aligned, where the binaries assume it,
+    and falls back to Triton's JIT when one is not; the host program calls `aligned` directly
     where every tensor is a buffer it allocated."""
 
     def __init__(self, name: str, grid: Callable[[Config], tuple[int, int, int]], jit_fn,
-                 variants: dict[Config, object], record: Path, n_pointers: int):
+                 variants: dict[Config, object], record: Path, n_pointers: int, assumes_aligned: bool = True):
         self.__name__ = name
+        self.assumes_aligned = assumes_aligned
         self.n_pointers = n_pointers
         self.grid = grid
         self.jit_fn = jit_fn
@@ -137,7 +138,7 @@ class TunedLauncher:
         self.aligned(*tensors)
 
     def __call__(self, *tensors) -> None:
-        if all(t.data_ptr() % 16 == 0 for t in tensors):  # what the binaries were specialized for
+        if not self.assumes_aligned or all(t.data_ptr() % 16 == 0 for t in tensors):
             self.aligned(*tensors)
         else:
             x, r, w = self.choice or next(iter(self.variants))

@@ -70,14 +70,15 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
     if interpreted() or not jobs:
         return [TritonBuild(_interpreted_launcher(kernel, fn), cached)
                 for (kernel, _), (fn, _, cached) in zip(jobs, loaded)]
-    from kiln.codegen.triton import grid
+    from kiln.codegen.triton import assumes_aligned_tensors, grid
 
     kernels = [(kernel, path) for (kernel, _), (_, path, _) in zip(jobs, loaded)]
     all_variants = compile_variants(kernels, _current_target(), autotune)
     builds = []
     for (kernel, path), (jit_fn, _, cached), variants in zip(kernels, loaded, all_variants):
         launcher = TunedLauncher(kernel.name, functools.partial(grid, kernel), jit_fn, variants,
-                                 path.with_suffix(".tune.json"), len(kernel.params))
+                                 path.with_suffix(".tune.json"), len(kernel.params),
+                                 assumes_aligned_tensors(kernel))
         builds.append(TritonBuild(launcher, cached))
     return builds
 
@@ -130,12 +131,9 @@ def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple) -> c
     xblock, rblock, warps = config
     signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
     signature.update(XBLOCK="constexpr", RBLOCK="constexpr")
-    # rows off 16-byte boundaries that do not split into aligned bodies load element by
-    # element; an aligned tensor beside them would load in wider pieces, and converting
-    # between the two layouts goes through shared memory, so such kernels assume no alignment
-    from kiln.codegen.triton import rows_aligned, split_rows
+    from kiln.codegen.triton import assumes_aligned_tensors
 
-    aligned = rows_aligned(kernel) or split_rows(kernel) is not None
+    aligned = assumes_aligned_tensors(kernel)
     attrs = {(i,): _aligned_attr(target) for i in range(len(kernel.params))} if aligned else {}
     return compile_pool.CompileArgs(str(path), kernel.name, signature, {"XBLOCK": xblock, "RBLOCK": rblock}, attrs,
                                     tuple(target), _options(warps))
