@@ -8,8 +8,9 @@ thread handles. An SM issues one warp instruction per scheduler per cycle, so
 
     issue floor = instructions per element x elements / (32 lanes x 4 schedulers x 132 SMs x 1.98 GHz)
 
-against the memory floor, bytes moved / copy rate. The count is static: it is exact for
-kernels without loops (element-wise and one-tile row kernels, which these are).
+against the memory floor, bytes moved / copy rate. The count is static, through the kernel's
+last EXIT (the slow paths after it run only for rare operands): it is what runs, give or take
+a few branches, for kernels without loops (element-wise and one-tile row kernels, which these are).
 
     python -m benchmarks.issue_floor [--cases layernorm,softmax]
 """
@@ -46,7 +47,10 @@ COUNT = textwrap.dedent('''
             cubin = os.path.join(sys.argv[2], kern.name + ".cubin")
             open(cubin, "wb").write(compiled.asm["cubin"])
             sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-            count = sum(1 for line in sass.splitlines() if re.match(r"\\s+/\\*[0-9a-f]{4}\\*/", line))
+            code = [line for line in sass.splitlines() if re.match(r"\\s+/\\*[0-9a-f]{4}\\*/", line)]
+            # what runs: through the last EXIT; the slow paths of IEEE division and square
+            # root follow it as subroutines that ordinary operands never call
+            count = max(i + 1 for i, line in enumerate(code) if re.search(r"\\bEXIT\\b", line))
             xblock, rblock, warps = config
             per_thread = xblock * rblock / (32 * warps)
             numel = kern.outer_numel * max(kern.reduce_numel, 1)

@@ -269,10 +269,44 @@ def test_divide_by_softmax_sum_needs_each_row_shifted_by_its_own_maximum():
     assert s.divide_by_softmax_sum(b, pw(b, "div", e, row_of(b, row_reduce(b, "sum", e)))) is None
 
 
+# -- divide_by_power_of_two ------------------------------------------------------------------
+
+
+def test_divide_by_power_of_two_multiplies_by_its_reciprocal():
+    b = Builder()
+    for dtype in (F32, BF16, F64):
+        x = inp(b, dtype=dtype)
+        for value in (4096.0, 0.25, -8.0, 2.0 ** 100):
+            out = s.divide_by_power_of_two(b, pw(b, "div", x, const(b, value, dtype)))
+            assert out.fn == "mul" and out.inputs[0] is x and out.inputs[1].attrs == (1 / value,)
+            assert out.dtype == dtype
+
+
+def test_divide_by_power_of_two_is_exact():
+    # subnormal, huge, infinite and NaN numerators included
+    x = torch.cat([torch.randn(10000) * 1e3, torch.tensor([1e-40, -3e-39, 3e38, float("inf"), float("nan")])])
+    for value in (4096.0, 0.125, -2.0 ** 60):
+        torch.testing.assert_close(x / value, x * (1 / value), rtol=0, atol=0, equal_nan=True)
+
+
+def test_divide_by_power_of_two_does_not_fire_otherwise():
+    b = Builder()
+    x = inp(b)
+    for value in (3.0, 0.0, -0.0, float("inf"), float("nan"), 2.0 ** 127, 2.0 ** -127):
+        assert s.divide_by_power_of_two(b, pw(b, "div", x, const(b, value))) is None, value
+    assert s.divide_by_power_of_two(b, pw(b, "div", const(b, 4.0), x)) is None  # 4 / x
+    half = inp(b, dtype=torch.float16)
+    assert s.divide_by_power_of_two(b, pw(b, "div", half, const(b, 2.0 ** 15, torch.float16))) is None
+    assert s.divide_by_power_of_two(b, pw(b, "div", half, const(b, 2.0 ** 14, torch.float16))) is not None
+    xi = inp(b, dtype=I64)  # true division of integers: the quotient's dtype differs from x's
+    assert s.divide_by_power_of_two(b, b.make(Op.POINTWISE, (xi, const(b, 4.0)), ("div",), SHAPE, F32)) is None
+
+
 def test_every_rule_is_in_a_rule_set():
     rules = {r.__name__ for r in s.all_rules()}
     assert rules == {"fold_constants", "add_zero", "mul_one", "double_negation", "round_trip_cast",
-                     "where_same_branches", "where_constant_condition", "sum_of_one_hot", "divide_by_softmax_sum"}
+                     "where_same_branches", "where_constant_condition", "sum_of_one_hot", "divide_by_softmax_sum",
+                     "divide_by_power_of_two"}
     for rule in s.all_rules():
         assert rule.__doc__, f"{rule.__name__} states its identity"
 

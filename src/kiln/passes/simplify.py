@@ -182,6 +182,22 @@ def divide_by_softmax_sum(b: Builder, n: Node) -> Node | None:
     return _same(n, core.pointwise(b, "mul", a, core.view(b, reciprocal, den.attrs[0], den.shape)))
 
 
+def divide_by_power_of_two(b: Builder, n: Node) -> Node | None:
+    """x / 2^k == x * 2^-k for floating x when 2^k and 2^-k are both normal numbers of x's
+    dtype: each side is the one rounding of the same real number. (A mean over rows of 4096
+    divides by 4096: one multiplication where an IEEE division takes eight instructions or more.)"""
+    if not _is_pointwise(n, "div") or not n.dtype.is_floating_point:
+        return None
+    x, den = n.inputs
+    value = _const(den)
+    if x.dtype != n.dtype or value is None or isinstance(value, bool) or not math.isfinite(value) or value == 0:
+        return None
+    if abs(math.frexp(value)[0]) != 0.5 or min(abs(value), 1 / abs(value)) < torch.finfo(n.dtype).tiny:
+        return None
+    reciprocal = core.constant(b, 1 / value, den.dtype, den.shape)
+    return _same(n, core.pointwise(b, "mul", x, reciprocal, out_dtype=n.dtype))
+
+
 def _is_pointwise(n: Node, fn: str) -> bool:
     return n.op is Op.POINTWISE and n.fn == fn
 
@@ -209,7 +225,7 @@ def _same(n: Node, candidate: Node) -> Node | None:
 RULE_SETS: dict[str, list[Rule]] = {
     "fold": [fold_constants],
     "identities": [add_zero, mul_one, double_negation, round_trip_cast, where_same_branches,
-                   where_constant_condition, sum_of_one_hot, divide_by_softmax_sum],
+                   where_constant_condition, sum_of_one_hot, divide_by_softmax_sum, divide_by_power_of_two],
 }
 
 
