@@ -284,17 +284,23 @@ def test_rms_norm_module():
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_rows_that_start_off_16_byte_boundaries(dtype):
-    # rows of 37 values: generated Triton splits each row into an aligned body of whole
-    # vectors and the few elements around it
+@pytest.mark.parametrize("n", [37, 301])
+def test_rows_that_start_off_16_byte_boundaries(dtype, n):
+    # rows of 301 values: generated Triton splits each row into an aligned body of whole
+    # vectors and a tile of the few elements around it; rows of 37, and kernels with an
+    # argmax, load element by element
     def f(x, w):
         rms = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
-        return rms, torch.softmax(x, -1), F.layer_norm(x, (37,), w), x.argmax(-1), x.amin(-1), (x > 0).all(-1)
+        return (rms, torch.softmax(x, -1), F.layer_norm(x, (n,), w), x.amin(-1), (x > 0).all(-1), (x > 1).any(-1),
+                x.sum(-1), (x / 4).prod(-1))
 
     def shifted(flat, w):  # rows 3 values further on than the outputs': not split
-        return f(flat[3:].view(21, 37), w)
+        return f(flat[3:].view(7, n), w)
 
     tol = TOLERANCE[torch.float32] if dtype is torch.float64 else None  # normalized in float32
-    w = randn(37, dtype=dtype, seed=1)
-    check(f, randn(21, 37, dtype=dtype), w, tol=tol, expect_native=True)
-    check(shifted, randn(21 * 37 + 3, dtype=dtype, seed=2), w, tol=tol, expect_native=True)
+    w = randn(n, dtype=dtype, seed=1)
+    x = randn(7, n, dtype=dtype)
+    x[1, 5], x[2, n - 1], x[3, 0], x[4, n // 2] = float("nan"), float("nan"), float("nan"), float("inf")
+    check(f, x, w, tol=tol, expect_native=True)
+    check(shifted, randn(7 * n + 3, dtype=dtype, seed=2), w, tol=tol, expect_native=True)
+    check(lambda x: (x.argmax(-1), x.softmax(-1)), randn(7, n, dtype=dtype, seed=3), expect_native=True)

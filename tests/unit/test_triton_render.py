@@ -33,16 +33,29 @@ def test_rows_off_16_byte_boundaries_get_programs_of_one_row():
 
 def test_rows_off_16_byte_boundaries_split_into_aligned_bodies_and_edges():
     # rows of 1021 values start 4-12 bytes past a 16-byte boundary: the renderer loads and
-    # stores each row's aligned body as whole vectors and the elements around it one by one
+    # stores each row's aligned body as whole vectors, and the elements around it as a second
+    # tile; the two tiles' reductions combine as scalars
     _, (odd_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1021), torch.randn(1021))
     split = tr.split_rows(odd_rows)
     assert split is not None and split.vector == 4
     source = tr.render_source(odd_rows)
-    assert "tl.load(in0 + (rbase + rindex), mask=xmask & rinner" in source
+    assert "xindex = tl.program_id(0)\n" in source  # one row per program
+    assert "tl.load(in0 + (rbase + rindex), mask=xmask & rmask" in source
     assert "tl.store(out0 + (rbase + rindex) + zero_tile" in source
     assert "in1 + (r0)" in source  # the weight, by column, wherever the body starts
+    assert "tl.load(in0 + (r0_e + 1021 * x0), mask=xmask & emask" in source
+    assert "tl.store(out0 + (r0_e + 1021 * x0) + zero_edge" in source
+    assert "km.maximum_nan(" in source and "_body + " in source  # max and sum of body and edge
+    assert tr.launch_config(odd_rows, False)[0] == 1 and tr.launch_config(odd_rows, True)[0] == 1
     _, (even_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1000), torch.randn(1000))
     assert tr.split_rows(even_rows) is None and "rbase" not in tr.render_source(even_rows)
+
+
+def test_short_rows_and_arg_reductions_do_not_split():
+    _, (short,) = plan(lambda x: torch.softmax(x, -1), torch.randn(64, 37))
+    _, (arg,) = plan(lambda x: x.argmax(-1), torch.randn(64, 1021))
+    assert not tr.rows_aligned(short) and tr.split_rows(short) is None
+    assert not tr.rows_aligned(arg) and tr.split_rows(arg) is None
 
 
 def test_kernels_over_rows_off_16_byte_boundaries_assume_no_alignment(tmp_path):

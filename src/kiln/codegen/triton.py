@@ -8,7 +8,7 @@ Low-precision floats are computed in float32, as eager does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,6 +22,10 @@ from kiln.ir.kernel import compute_dtype
 MASK_GRAIN = 16
 # Rows up to this length are reduced in one tile (and may keep values for later stages).
 PERSISTENT_MAX = 4096
+# Rows that start off 16-byte boundaries split (see split_rows) when at least this long; an
+# edge tile of SPLIT_EDGE lanes (a warp's) holds the up to 2 x 15 elements around a body.
+SPLIT_MIN = 256
+SPLIT_EDGE = 32
 # Programs that keep a GPU busy (an H100/H200 has 132 multiprocessors): a reduction with
 # fewer is split across more.
 BUSY_PROGRAMS = 1024
@@ -223,6 +227,13 @@ class _Renderer:
             raise TritonUnsupported("row arrays need a persistent reduction")
         self.wide = _needs_int64(kernel)
         self.split = split_rows(kernel)
+        # with split rows, a row stage is rendered twice: over the body's lanes, then over the
+        # edge's, whose row-wise values are named with an _e suffix
+        self.edge = False
+        self.row_values = {sc.name for sc in kernel.scratch} | {
+            s.out for st in kernel.stages if st.loop for s in st.body if not isinstance(s, (k.Reduce, k.Store))}
+        if self.split is not None:
+            self.scratch |= {name + "_e" for name in self.scratch}
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
@@ -235,11 +246,13 @@ class _Renderer:
         has_x = any(n.startswith("x") for n in names)
         has_r = any(n.startswith("r") for n in names)
         has_tmp = any(n.startswith("t") for n in names)
-        ptr = f"{buf} + ({render_index(index)})"
+        body = self.split is not None and in_loop and not self.edge and index == self.split.index
+        ptr = f"{buf} + ({'rbase + rindex' if body else render_index(index)})"  # a body: whole vectors
+        rmask = "emask" if self.edge else "rmask"
         if not self.k.reduce:
             full, tile_mask = "zero_x", "xmask"
         elif in_loop:
-            full, tile_mask = "zero_tile", "xmask & rmask"
+            full, tile_mask = "zero_edge" if self.edge else "zero_tile", f"xmask & {rmask}"
         else:
             full, tile_mask = "zero_row", "xmask"
         if store or has_tmp or ir_mask:
@@ -250,12 +263,14 @@ class _Renderer:
         if has_x:
             return ptr, "xmask"
         if has_r:
-            return ptr, "rmask"
+            return ptr, rmask
         # a one-element block, like constants: the interpreter mistypes a 0-d comparison
         # once it is broadcast
         return f"{ptr} + tl.zeros([1], tl.int32)", None
 
     def stmt(self, s: k.Stmt, depth: int, in_loop: bool) -> None:
+        if self.edge:
+            s = self._edge_copy(s)
         if isinstance(s, k.Load):
             self.types[s.out] = s.dtype
             if s.buf in self.scratch:
@@ -263,10 +278,6 @@ class _Renderer:
                 return
             ptr, mask = self._address(s.buf, s.index, s.mask, in_loop, store=False)
             load = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
-            if self.split is not None and s.index == self.split.index:
-                (body, body_mask), (edge, edge_mask) = self._split_access(s.buf, s.index, ptr, mask)
-                load = (f"tl.where(redge, tl.load({edge}, mask={edge_mask}, other=0), "
-                        f"tl.load({body}, mask={body_mask}, other=0))")
             if s.dtype is torch.bfloat16:
                 load = f"km.from_bf16({load})"
             elif s.dtype is torch.float16:
@@ -291,10 +302,6 @@ class _Renderer:
                 self.emit(depth, f"{s.buf} = {s.value}")
                 return
             ptr, mask = self._address(s.buf, s.index, None, in_loop, store=True)
-            if self.split is not None and s.index == self.split.index:
-                for part_ptr, part_mask in self._split_access(s.buf, s.index, ptr, mask):
-                    self.emit(depth, f"tl.store({part_ptr}, {self._stored(s)}, mask={part_mask})")
-                return
             self.emit(depth, f"tl.store({ptr}, {self._stored(s)}, mask={mask})")
         elif isinstance(s, k.Reduce):
             self.reduce(s, depth)
@@ -315,11 +322,13 @@ class _Renderer:
         t = compute_dtype(s.dtype)
         self.types[s.out] = torch.int64 if s.kind in ("argmax", "argmin") else t
         ident = _identity(s.kind, t)
-        masked = f"tl.where(xmask & rmask, {s.value}, {ident})"
+        masked = f"tl.where(xmask & {'emask' if self.edge else 'rmask'}, {s.value}, {ident})"
         if s.kind in ("argmax", "argmin"):
             self._arg_reduce(s, depth, t)
             return
-        if self.persistent:
+        if self.split is not None:  # the body's or the edge's part, combined by _combine_parts
+            self.emit(depth, f"{s.out}_{'edge' if self.edge else 'body'} = {self._tile_reduce(s.kind, masked, t)}")
+        elif self.persistent:
             self.emit(depth, f"{s.out} = {self._tile_reduce(s.kind, masked, t)}")
         else:
             acc = f"{s.out}_acc"
@@ -331,15 +340,28 @@ class _Renderer:
             self.emit(depth, f"{acc} = {combine}")
 
     def _tile_reduce(self, kind: str, tile: str, t: torch.dtype) -> str:
+        """The tile reduced along its rows: [XBLOCK, 1], or with split rows (one row per
+        program) a scalar, which no tile's layout has to be converted to."""
         if kind == "prod":
-            return f"km.prod({tile})[:, None]"
-        if kind == "any":
-            return f"(tl.max({tile}.to(tl.int32), 1)[:, None] > 0)"
-        if kind == "all":
-            return f"(tl.min({tile}.to(tl.int32), 1)[:, None] > 0)"
-        if kind in ("max", "min") and t.is_floating_point:  # NaN wins, as in eager
-            return f"km.{kind}_nan({tile})[:, None]"
-        return f"tl.{kind}({tile}, 1)[:, None]"
+            rows = f"km.prod({tile})"
+        elif kind in ("any", "all"):
+            rows = f"tl.{'max' if kind == 'any' else 'min'}({tile}.to(tl.int32), 1)"
+        elif kind in ("max", "min") and t.is_floating_point:  # NaN wins, as in eager
+            rows = f"km.{kind}_nan({tile})"
+        else:
+            rows = f"tl.{kind}({tile}, 1)"
+        # the one row's value: a reduction of one element returns it (NaN and -0.0 included)
+        value = f"tl.max({rows}, 0)" if self.split is not None else f"{rows}[:, None]"
+        return f"({value} > 0)" if kind in ("any", "all") else value
+
+    def _combine_parts(self, s: k.Reduce) -> None:
+        """A split row's reduction: its body's part combined with its edge's."""
+        a, b = f"{s.out}_body", f"{s.out}_edge"
+        fp = compute_dtype(s.dtype).is_floating_point
+        combined = {"sum": f"{a} + {b}", "prod": f"{a} * {b}", "any": f"{a} | {b}", "all": f"{a} & {b}",
+                    "max": f"km.maximum_nan({a}, {b})" if fp else f"tl.maximum({a}, {b})",
+                    "min": f"km.minimum_nan({a}, {b})" if fp else f"tl.minimum({a}, {b})"}[s.kind]
+        self.emit(1, f"{s.out} = {combined}")
 
     def _arg_reduce(self, s: k.Reduce, depth: int, t: torch.dtype) -> None:
         """The first position of the extreme value, NaN counting as extreme (as in eager).
@@ -383,29 +405,42 @@ class _Renderer:
 
     # -------------------------------------------------------------- split rows
     def _split_prologue(self) -> None:
-        """A row's lanes: first its aligned body of whole vectors (rinner), then the edge
-        (redge): the up to V - 1 elements before the body, then those after it. r0 is the
-        lane's column; a streamed buffer's body is at rbase + rindex."""
+        """A row's two tiles: its aligned body of whole vectors (lanes rindex < rbody, the
+        body of a streamed buffer at rbase + rindex), and the up to V - 1 elements before the
+        body and after it (lanes eindex < the edge's size). r0 is a body lane's column, r0_e
+        an edge lane's."""
         split, size = self.split, self.k.reduce_numel
         v, r = split.vector, self.k.reduce[0]
         start = ix.substitute(split.index, {r: ix.as_expr(0)})
         self.emit(1, "rindex = tl.arange(0, RBLOCK)[None, :]")
-        self.emit(1, f"rmask = rindex < {size}")
         self.emit(1, f"rstart = {render_index(start)}")
         self.emit(1, f"rhead = ({v} - rstart % {v}) % {v}")
         self.emit(1, f"rbody = ({size} - rhead) // {v} * {v}")
-        hint = f"tl.multiple_of(rstart + rhead, [{v}, {v}])"
-        self.emit(1, f"rbase = tl.max_constancy(tl.max_contiguous({hint}, [1, 1]), [1, 1])")
-        self.emit(1, "rinner = rindex < rbody")
-        self.emit(1, "redge = (rindex >= rbody) & rmask")
-        column = "tl.where(rindex < rbody + rhead, rindex - rbody, rindex)"  # edge lanes: head, then tail
-        self.emit(1, f"{r.name} = tl.where(rinner, rhead + rindex, {column})")
+        self.emit(1, f"rbase = tl.multiple_of(rstart + rhead, {v})")
+        self.emit(1, "rmask = rindex < rbody")
+        self.emit(1, f"{r.name} = rhead + rindex")
+        self.emit(1, f"eindex = tl.arange(0, {SPLIT_EDGE})[None, :]")
+        self.emit(1, f"emask = eindex < {size} - rbody")
+        self.emit(1, f"{r.name}_e = tl.where(eindex < rhead, eindex, rbody + eindex)")  # head, then tail
+        self.emit(1, f"zero_edge = tl.zeros([XBLOCK, {SPLIT_EDGE}], tl.int32)")
 
-    def _split_access(self, buf: str, index: Expr, ptr: str, mask: str) -> tuple[tuple[str, str], ...]:
-        """(pointer, mask) of a streamed buffer's body and of its edge."""
-        body = ptr.replace(f"{buf} + ({render_index(index)})", f"{buf} + (rbase + rindex)", 1)
-        # the body's mask must not change inside a vector: rinner, not rmask & rinner
-        return (body, mask.replace("rmask", "rinner", 1)), (ptr, mask.replace("rmask", "redge", 1))
+    def _edge_copy(self, s: k.Stmt) -> k.Stmt:
+        """A row statement over the edge's lanes: its row-wise values renamed, r0 -> r0_e."""
+        def name(v):
+            return v + "_e" if v in self.row_values else v
+
+        r = self.k.reduce[0]
+        fields = {}
+        if hasattr(s, "out") and not isinstance(s, k.Reduce):
+            fields["out"] = name(s.out)
+        if hasattr(s, "index") and s.index is not None:
+            fields["index"] = ix.substitute(s.index, {r: ix.sym(r.name + "_e", r.extent)})
+        for field in ("buf", "value", "mask"):
+            if getattr(s, field, None) is not None:
+                fields[field] = name(getattr(s, field))
+        if isinstance(s, k.Compute):
+            fields["args"] = tuple(name(a) for a in s.args)
+        return replace(s, **fields)
 
     # -------------------------------------------------------------- kernel
     def _flat_kernel(self, pid: str) -> None:
@@ -448,7 +483,9 @@ class _Renderer:
         self.emit(0, "@triton.jit")
         self.emit(0, f"def {kern.name}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):")
         pid = self._program_id(0)
-        if kern.reduce:
+        if self.split is not None:  # one row per program: its index and values are scalars
+            self.emit(1, f"xindex = {pid}")
+        elif kern.reduce:
             self.emit(1, f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         else:
             self.emit(1, f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
@@ -480,6 +517,14 @@ class _Renderer:
         for stage in kern.stages:
             if stage.loop and kern.reduce and kern.reduce_numel == 0:
                 self._empty_row_stage(stage)
+            elif stage.loop and self.split is not None:
+                for self.edge in (False, True):
+                    for s in stage.body:
+                        self.stmt(s, 1, True)
+                self.edge = False
+                for s in stage.body:
+                    if isinstance(s, k.Reduce):
+                        self._combine_parts(s)
             elif stage.loop and kern.reduce and not self.persistent:
                 reductions = [s for s in stage.body if isinstance(s, k.Reduce)]
                 self._loop_init(reductions, 1)
@@ -573,6 +618,11 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
         return min(COLUMN_BLOCK, next_pow2(kernel.outer_numel)), min(128, next_pow2(rnumel)), 8
     else:
         rblock = 2048
+    if split_rows(kernel) is not None:
+        # one row per program, 32 elements per thread (on the H200 softmax over rows of 1021
+        # took 0.070 ms over 1 warp, 0.071 over 2; RMSNorm over rows of 4093 0.079 over 4,
+        # 0.083-0.084 over 2 or 8)
+        return 1, rblock, max(1, min(8, rblock // 1024))
     if interpreted:
         return next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock)))), rblock, 4
     if not is_persistent(kernel):
@@ -581,7 +631,7 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
         # smaller programs for short rows: 2048 elements over 2 warps made softmax over rows of
         # 1024 2% faster than 4096 over 4, and GPT-2's step (rows of 768) no slower; over rows
         # off 16-byte boundaries 1024 elements per program made softmax over rows of 1021 11%
-        # faster than 2048 when loaded element by element, 4% when split (see split_rows)
+        # faster than 2048 when loaded element by element
         tile = 2048 if rows_aligned(kernel) else 1024
         return max(1, min(64, tile // rblock)), rblock, 2
     return max(1, min(64, 4096 // rblock)), rblock, 4
@@ -615,13 +665,19 @@ class RowSplit:
 
 def split_rows(kernel: k.Kernel) -> RowSplit | None:
     """How a persistent kernel over rows that start off 16-byte boundaries loads and stores
-    them in whole vectors: each row splits into an aligned body and an edge of the elements
-    before and after it. The rows' buffers must share one index (each row then starts as far
-    off a boundary in all of them), linear in the row element. A buffer read by column (a
-    weight) is read element by element from wherever the body starts. None for aligned rows
-    and kernels that do not split. (RMSNorm over rows of 4093 bf16 on the H200: 0.085 ms
-    element by element, 0.080-0.081 ms split.)"""
+    them in whole vectors: each program takes one row and splits it into two tiles, an aligned
+    body and an edge of the elements before and after it, whose reductions it combines as
+    scalars (so that no value moves between the tiles' layouts through shared memory). The
+    rows' buffers must share one index (each row then starts as far off a boundary in all of
+    them), linear in the row element. A buffer read by column (a weight) is read element by
+    element from wherever the body starts. None for aligned rows, rows shorter than SPLIT_MIN,
+    argmax/argmin, and kernels that do not split. (On the H200, softmax over rows of 1021
+    bf16: 0.080 ms through one tile whose edge lanes were merged into the body's layout, 0.070
+    in two tiles; RMSNorm over rows of 4093: 0.081 and 0.079.)"""
     if not is_persistent(kernel) or len(kernel.reduce) != 1 or rows_aligned(kernel):
+        return None
+    if kernel.reduce_numel < SPLIT_MIN or any(
+            isinstance(s, k.Reduce) and s.kind in ("argmax", "argmin") for st in kernel.stages for s in st.body):
         return None
     r = kernel.reduce[0]
     streamed = [s for st in kernel.stages for s in st.body if isinstance(s, (k.Load, k.Store))
@@ -632,8 +688,7 @@ def split_rows(kernel: k.Kernel) -> RowSplit | None:
     (index,) = indices
     if r in (index - ix.as_expr(r)).symbols():
         return None
-    vector = 16 // min(s.dtype.itemsize for s in streamed)
-    return RowSplit(index, vector) if kernel.reduce_numel >= 2 * vector else None
+    return RowSplit(index, 16 // min(s.dtype.itemsize for s in streamed))
 
 
 def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
@@ -642,6 +697,8 @@ def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
     if not kernel.reduce:
         cap = next_pow2(max(_tiled_extent(kernel), 1))
         options = [(min(x, cap), 1, w) for x, w in ((1024, 4), (1024, 2), (2048, 4), (2048, 8), (4096, 8))]
+    elif split_rows(kernel) is not None:
+        options = [(1, first[1], w) for w in (1, 2, 4, 8, 16) if first[1] >= 128 * w]
     elif is_persistent(kernel):
         rblock = next_pow2(kernel.reduce_numel)
         options = []
