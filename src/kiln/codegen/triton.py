@@ -638,9 +638,9 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     else:
         rblock = 2048
     if split_rows(kernel) is not None:
-        # one row per program, 32 elements per thread (on the H200 softmax over rows of 1021
-        # took 0.070 ms over 1 warp, 0.071 over 2; RMSNorm over rows of 4093 0.079 over 4,
-        # 0.083-0.084 over 2 or 8)
+        # one row per program, up to 32 elements per thread (hand-written two-tile kernels on
+        # the H200: softmax over rows of 1021 0.070 ms over 1 warp, 0.071 over 2, 0.084 over 4;
+        # RMSNorm over rows of 4093 0.079 over 4 warps, 0.083-0.084 over 2 or 8)
         return 1, rblock, max(1, min(8, rblock // 1024))
     if interpreted:
         return next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock)))), rblock, 4
@@ -691,8 +691,8 @@ def split_rows(kernel: k.Kernel) -> RowSplit | None:
     them), linear in the row element. A buffer read by column (a weight) is read element by
     element from wherever the body starts. None for aligned rows, rows shorter than SPLIT_MIN,
     argmax/argmin, and kernels that do not split. (On the H200, softmax over rows of 1021
-    bf16: 0.080 ms through one tile whose edge lanes were merged into the body's layout, 0.070
-    in two tiles; RMSNorm over rows of 4093: 0.081 and 0.079.)"""
+    bf16: 0.080 ms through one tile whose edge lanes were merged into the body's layout,
+    0.069 in two tiles; RMSNorm over rows of 4093, whose weight is the cost: 0.081 either way.)"""
     if not is_persistent(kernel) or len(kernel.reduce) != 1 or rows_aligned(kernel):
         return None
     if kernel.reduce_numel < SPLIT_MIN or any(
