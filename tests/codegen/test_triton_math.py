@@ -71,6 +71,6 @@ def test_float32_erf_is_within_2_5_ulps():
 
 
 def test_float32_gelu_is_within_erfs_accuracy():
-    # eager's 0.5 * x * (1 + erf(x / sqrt 2)) carries erf's error, about 1e-7, into Phi
+    # eager's 0.5 * x * (1 + erf(x / sqrt 2)) carries erf's error, about 6e-8, into Phi
     max_phi_error = float(_interpreted(GELU).split("max_phi_error")[-1])
-    assert max_phi_error <= 2e-7, max_phi_error
+    assert max_phi_error <= 1.2e-7, max_phi_error
