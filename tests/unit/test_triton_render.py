@@ -88,3 +88,19 @@ def test_gelu_stays_one_function_and_its_tanh_form_decomposes():
     _, (tanh,) = plan(lambda x: F.gelu(x, approximate="tanh") * 2, torch.randn(64, 128))
     assert "km.gelu(" in tr.render_source(exact) and "erf" not in tr.render_source(exact)
     assert "km.gelu(" not in tr.render_source(tanh) and "km.tanh(" in tr.render_source(tanh)
+
+
+def test_bf16_results_are_rounded_once_before_a_store():
+    # a result computed with is rounded to bf16; one only stored is left to the store's
+    # conversion, which rounds it the same way
+    from kiln.ir import kernel as k
+
+    bf16 = torch.bfloat16
+    _, (kern,) = plan(lambda x, y: (x * y + y) * y, torch.randn(64, 128, dtype=bf16), torch.randn(64, 128, dtype=bf16))
+    (stored,) = [s.value for st in kern.stages for s in st.body if isinstance(s, k.Store)]
+    assert tr._only_stored(kern) == {stored}
+    source = tr.render_source(kern)
+    assert source.count("km.round_bf16(") == 2  # x * y and the sum, not the stored product
+    assert f"{stored} = km.round_bf16" not in source and f"km.to_bf16({stored})" in source
+    _, (cast,) = plan(lambda x: (x * 2).to(bf16), torch.randn(64, 128))
+    assert "km.round_bf16(" not in tr.render_source(cast)

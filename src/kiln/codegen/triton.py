@@ -103,9 +103,35 @@ def _round_to(expr: str, dtype: torch.dtype) -> str:
     return expr
 
 
-def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
-    expr = _render_compute(s, arg_types)  # rounded as the kernel IR's rule says
-    return _round_to(expr, s.dtype) if k.rounds_result(s) else expr
+def render_compute(s: k.Compute, arg_types: list[torch.dtype], only_stored: bool = False) -> str:
+    """A result rounded as the kernel IR's rule says; not when it is only stored into buffers
+    of its own dtype, whose conversion rounds it the same way."""
+    if only_stored and s.fn == "cast" and s.dtype in (torch.bfloat16, torch.float16):
+        return f"{s.args[0]}.to(tl.float32)"
+    expr = _render_compute(s, arg_types)
+    return _round_to(expr, s.dtype) if k.rounds_result(s) and not only_stored else expr
+
+
+def _only_stored(kernel: k.Kernel) -> set[str]:
+    """Results of a kernel that no statement computes with, and that are stored only into
+    buffers of their own dtype."""
+    scratch = {sc.name for sc in kernel.scratch}
+    dtypes = {s.out: s.dtype for st in kernel.stages for s in st.body if isinstance(s, k.Compute)}
+    used = set()
+    for st in kernel.stages:
+        for s in st.body:
+            if isinstance(s, k.Compute):
+                used.update(s.args)
+            elif isinstance(s, k.Reduce):
+                used.add(s.value)
+            elif isinstance(s, k.Load) and s.mask is not None:
+                used.add(s.mask)
+            elif isinstance(s, k.Store) and (s.buf in scratch or s.dtype != dtypes.get(s.value)):
+                used.add(s.value)
+            index = getattr(s, "index", None)
+            if index is not None:
+                used.update(sym.name for sym in index.symbols())
+    return set(dtypes) - used
 
 
 def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
@@ -227,6 +253,7 @@ class _Renderer:
             raise TritonUnsupported("row arrays need a persistent reduction")
         self.wide = _needs_int64(kernel)
         self.split = split_rows(kernel)
+        self.only_stored = _only_stored(kernel)
         # with split rows, a row stage is rendered twice: over the body's lanes, then over the
         # edge's, whose row-wise values are named with an _e suffix
         self.edge = False
@@ -269,6 +296,7 @@ class _Renderer:
         return f"{ptr} + tl.zeros([1], tl.int32)", None
 
     def stmt(self, s: k.Stmt, depth: int, in_loop: bool) -> None:
+        only_stored = isinstance(s, k.Compute) and s.out in self.only_stored
         if self.edge:
             s = self._edge_copy(s)
         if isinstance(s, k.Load):
@@ -298,7 +326,7 @@ class _Renderer:
             self.emit(depth, f"{s.out} = (0 <= ({idx})) & (({idx}) < {s.size})")
         elif isinstance(s, k.Compute):
             self.types[s.out] = s.dtype
-            self.emit(depth, f"{s.out} = {render_compute(s, [self.types[a] for a in s.args])}")
+            self.emit(depth, f"{s.out} = {render_compute(s, [self.types[a] for a in s.args], only_stored)}")
         elif isinstance(s, k.Store):
             if s.buf in self.scratch:
                 self.emit(depth, f"{s.buf} = {s.value}")

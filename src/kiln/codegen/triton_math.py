@@ -154,11 +154,13 @@ if not INTERPRETED:
                                       dtype=tl.float32, is_pure=True, pack=1)
         return x * r
 
-    # bf16 conversions are round-to-nearest-even instructions on the GPU; left to Triton, a
-    # product of two bf16 values rounded to bf16 becomes one packed bf16 multiply
+    # x rounded to bf16 (to nearest even), as a float32, in one instruction: cvt.rn.bf16x2.f32
+    # packs bf16(x) into the upper half of a register and bf16(0) = 0 into the lower, which
+    # are x's rounded bits (a conversion to bf16 and back takes two instructions)
     @triton.jit
     def round_bf16(x):
-        return x.to(tl.bfloat16).to(tl.float32)
+        return tl.inline_asm_elementwise("{ .reg .b32 z; mov.b32 z, 0; cvt.rn.bf16x2.f32 $0, $1, z; }", "=r,r",
+                                         [x], dtype=tl.float32, is_pure=True, pack=1)
 
     @triton.jit
     def to_bf16(x):
