@@ -302,6 +302,14 @@ def test_divide_by_power_of_two_does_not_fire_otherwise():
     assert s.divide_by_power_of_two(b, b.make(Op.POINTWISE, (xi, const(b, 4.0)), ("div",), SHAPE, F32)) is None
 
 
+def test_divide_by_power_of_two_takes_the_quotients_dtype_for_the_reciprocal():
+    b = Builder()
+    x = inp(b)
+    for den in (const(b, 4, I64), const(b, 2.0 ** -20, torch.float16)):  # 2^20 is not a float16
+        out = s.divide_by_power_of_two(b, b.make(Op.POINTWISE, (x, den), ("div",), SHAPE, F32))
+        assert out.fn == "mul" and out.inputs[1].dtype == F32 and out.inputs[1].attrs == (1 / den.attrs[0],)
+
+
 def test_every_rule_is_in_a_rule_set():
     rules = {r.__name__ for r in s.all_rules()}
     assert rules == {"fold_constants", "add_zero", "mul_one", "double_negation", "round_trip_cast",

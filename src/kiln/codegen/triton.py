@@ -380,7 +380,7 @@ class _Renderer:
             rows = f"km.{kind}_nan({tile})"
         else:
             rows = f"tl.{kind}({tile}, 1)"
-        # the one row's value: a reduction of one element returns it (NaN and -0.0 included)
+        # the one row's value: a reduction over one element returns that element
         value = f"tl.max({rows}, 0)" if self.split is not None else f"{rows}[:, None]"
         return f"({value} > 0)" if kind in ("any", "all") else value
 

@@ -194,7 +194,7 @@ def divide_by_power_of_two(b: Builder, n: Node) -> Node | None:
         return None
     if abs(math.frexp(value)[0]) != 0.5 or min(abs(value), 1 / abs(value)) < torch.finfo(n.dtype).tiny:
         return None
-    reciprocal = core.constant(b, 1 / value, den.dtype, den.shape)
+    reciprocal = core.constant(b, 1 / value, n.dtype, den.shape)
     return _same(n, core.pointwise(b, "mul", x, reciprocal, out_dtype=n.dtype))
 
 
