@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kiln.codegen import triton as tr
 from planning import plan
@@ -82,8 +83,6 @@ def test_kernels_over_rows_off_16_byte_boundaries_assume_no_alignment(tmp_path):
 def test_gelu_stays_one_function_and_its_tanh_form_decomposes():
     # the erf form has a cheaper exact formulation than erf itself (km.gelu); the tanh form
     # is tanh already
-    import torch.nn.functional as F
-
     _, (exact,) = plan(lambda x: F.gelu(x) * 2, torch.randn(64, 128, dtype=torch.bfloat16))
     _, (tanh,) = plan(lambda x: F.gelu(x, approximate="tanh") * 2, torch.randn(64, 128))
     assert "km.gelu(" in tr.render_source(exact) and "erf" not in tr.render_source(exact)
@@ -104,3 +103,13 @@ def test_bf16_results_are_rounded_once_before_a_store():
     assert f"{stored} = km.round_bf16" not in source and f"km.to_bf16({stored})" in source
     _, (cast,) = plan(lambda x: (x * 2).to(bf16), torch.randn(64, 128))
     assert "km.round_bf16(" not in tr.render_source(cast)
+
+
+def test_candidate_launch_configurations_start_with_the_heuristic():
+    _, (rows,) = plan(lambda x: F.gelu(F.layer_norm(x, (4096,))), torch.randn(8, 4096))
+    _, (odd,) = plan(lambda x: torch.softmax(x, -1), torch.randn(8, 1021))
+    for kernel in (rows, odd):
+        configs = tr.candidate_configs(kernel)
+        assert configs[0] == tr.launch_config(kernel, False) and len(set(configs)) == len(configs) <= 6
+    assert (1, 4096, 2) in tr.candidate_configs(rows)
+    assert all(x == 1 for x, _, _ in tr.candidate_configs(odd))  # split rows: one row per program

@@ -751,7 +751,9 @@ def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
         options = []
         for tile in (2048, 4096, 8192, 16384):
             xblock = max(1, tile // rblock)
-            for warps in (4, 8, 16):
+            # 2 warps: LayerNorm+GELU over rows of 4096 bf16 on the H200 took 75.0 us over 2
+            # warps, 76.4 over 4 (fewer instructions a row per element); RMSNorm 72.0 and 71.0
+            for warps in (2, 4, 8, 16):
                 if warps * 32 * 2 <= xblock * rblock and xblock <= next_pow2(kernel.outer_numel):
                     options.append((xblock, rblock, warps))
     elif k.column_reduction(kernel):
