@@ -291,8 +291,8 @@ def test_rows_that_start_off_16_byte_boundaries(dtype, n):
     # argmax, load element by element
     def f(x, w):
         rms = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
-        return (rms, torch.softmax(x, -1), F.layer_norm(x, (n,), w), x.amin(-1), (x > 0).all(-1), (x > 1).any(-1),
-                x.sum(-1), (x / 4).prod(-1))
+        return (rms, torch.softmax(x, -1), F.layer_norm(x, (n,), w), x.amin(-1), (x > 0).all(-1),
+                (x > 1).any(-1), x.sum(-1), (x / 4).prod(-1))
 
     def shifted(flat, w):  # rows 3 values further on than the outputs': not split
         return f(flat[3:].view(7, n), w)

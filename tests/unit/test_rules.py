@@ -299,7 +299,8 @@ def test_divide_by_power_of_two_does_not_fire_otherwise():
     assert s.divide_by_power_of_two(b, pw(b, "div", half, const(b, 2.0 ** 15, torch.float16))) is None
     assert s.divide_by_power_of_two(b, pw(b, "div", half, const(b, 2.0 ** 14, torch.float16))) is not None
     xi = inp(b, dtype=I64)  # true division of integers: the quotient's dtype differs from x's
-    assert s.divide_by_power_of_two(b, b.make(Op.POINTWISE, (xi, const(b, 4.0)), ("div",), SHAPE, F32)) is None
+    true_division = b.make(Op.POINTWISE, (xi, const(b, 4.0)), ("div",), SHAPE, F32)
+    assert s.divide_by_power_of_two(b, true_division) is None
 
 
 def test_divide_by_power_of_two_takes_the_quotients_dtype_for_the_reciprocal():
@@ -313,8 +314,8 @@ def test_divide_by_power_of_two_takes_the_quotients_dtype_for_the_reciprocal():
 def test_every_rule_is_in_a_rule_set():
     rules = {r.__name__ for r in s.all_rules()}
     assert rules == {"fold_constants", "add_zero", "mul_one", "double_negation", "round_trip_cast",
-                     "where_same_branches", "where_constant_condition", "sum_of_one_hot", "divide_by_softmax_sum",
-                     "divide_by_power_of_two"}
+                     "where_same_branches", "where_constant_condition", "sum_of_one_hot",
+                     "divide_by_softmax_sum", "divide_by_power_of_two"}
     for rule in s.all_rules():
         assert rule.__doc__, f"{rule.__name__} states its identity"
 

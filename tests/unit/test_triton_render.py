@@ -95,7 +95,8 @@ def test_bf16_results_are_rounded_once_before_a_store():
     from kiln.ir import kernel as k
 
     bf16 = torch.bfloat16
-    _, (kern,) = plan(lambda x, y: (x * y + y) * y, torch.randn(64, 128, dtype=bf16), torch.randn(64, 128, dtype=bf16))
+    x, y = torch.randn(64, 128, dtype=bf16), torch.randn(64, 128, dtype=bf16)
+    _, (kern,) = plan(lambda x, y: (x * y + y) * y, x, y)
     (stored,) = [s.value for st in kern.stages for s in st.body if isinstance(s, k.Store)]
     assert tr._only_stored(kern) == {stored}
     source = tr.render_source(kern)

@@ -257,8 +257,9 @@ class _Renderer:
         # with split rows, a row stage is rendered twice: over the body's lanes, then over the
         # edge's, whose row-wise values are named with an _e suffix
         self.edge = False
+        row_statements = [s for st in kernel.stages if st.loop for s in st.body]
         self.row_values = {sc.name for sc in kernel.scratch} | {
-            s.out for st in kernel.stages if st.loop for s in st.body if not isinstance(s, (k.Reduce, k.Store))}
+            s.out for s in row_statements if not isinstance(s, (k.Reduce, k.Store))}
         if self.split is not None:
             self.scratch |= {name + "_e" for name in self.scratch}
 
@@ -357,7 +358,8 @@ class _Renderer:
             self._arg_reduce(s, depth, t)
             return
         if self.split is not None:  # the body's or the edge's part, combined by _combine_parts
-            self.emit(depth, f"{s.out}_{'edge' if self.edge else 'body'} = {self._tile_reduce(s.kind, masked, t)}")
+            part = f"{s.out}_{'edge' if self.edge else 'body'}"
+            self.emit(depth, f"{part} = {self._tile_reduce(s.kind, masked, t)}")
         elif self.persistent:
             self.emit(depth, f"{s.out} = {self._tile_reduce(s.kind, masked, t)}")
         else:
@@ -723,8 +725,8 @@ def split_rows(kernel: k.Kernel) -> RowSplit | None:
     0.069 in two tiles; RMSNorm over rows of 4093, whose weight is the cost: 0.081 either way.)"""
     if not is_persistent(kernel) or len(kernel.reduce) != 1 or rows_aligned(kernel):
         return None
-    if kernel.reduce_numel < SPLIT_MIN or any(
-            isinstance(s, k.Reduce) and s.kind in ("argmax", "argmin") for st in kernel.stages for s in st.body):
+    reductions = [s for st in kernel.stages for s in st.body if isinstance(s, k.Reduce)]
+    if kernel.reduce_numel < SPLIT_MIN or any(s.kind in ("argmax", "argmin") for s in reductions):
         return None
     r = kernel.reduce[0]
     streamed = [s for st in kernel.stages for s in st.body if isinstance(s, (k.Load, k.Store))

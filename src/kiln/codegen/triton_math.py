@@ -159,8 +159,8 @@ if not INTERPRETED:
     # are x's rounded bits (a conversion to bf16 and back takes two instructions)
     @triton.jit
     def round_bf16(x):
-        return tl.inline_asm_elementwise("{ .reg .b32 z; mov.b32 z, 0; cvt.rn.bf16x2.f32 $0, $1, z; }", "=r,r",
-                                         [x], dtype=tl.float32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("{ .reg .b32 z; mov.b32 z, 0; cvt.rn.bf16x2.f32 $0, $1, z; }",
+                                         "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
     @triton.jit
     def to_bf16(x):

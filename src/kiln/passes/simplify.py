@@ -190,7 +190,9 @@ def divide_by_power_of_two(b: Builder, n: Node) -> Node | None:
         return None
     x, den = n.inputs
     value = _const(den)
-    if x.dtype != n.dtype or value is None or isinstance(value, bool) or not math.isfinite(value) or value == 0:
+    if x.dtype != n.dtype or value is None or isinstance(value, bool):
+        return None
+    if not math.isfinite(value) or value == 0:
         return None
     if abs(math.frexp(value)[0]) != 0.5 or min(abs(value), 1 / abs(value)) < torch.finfo(n.dtype).tiny:
         return None
