@@ -144,3 +144,19 @@ def test_kernels_of_many_pointers_share_launchers(n):
 
     xs = [torch.randn(37, 129, device=CUDA) for _ in range(n)]
     torch.testing.assert_close(kiln.compile(f)(*xs), f(*xs))
+
+
+def test_bf16_rounding_matches_eager_bit_for_bit():
+    # eager rounds each bf16 op's float32 result to bf16; kiln rounds a product it adds to in
+    # one instruction (km.round_bf16) and leaves the stored sum to the store's conversion
+    special = [0.0, -0.0, 1.0, -1.5, 3e38, -3e38, float("inf"), -float("inf"), float("nan"), 1e-39, -2e-40]
+    x = torch.cat([torch.tensor(special), torch.randn(1 << 16) * 100]).to(CUDA, torch.bfloat16)
+    y = torch.cat([torch.tensor(special[::-1]), torch.randn(1 << 16)]).to(CUDA, torch.bfloat16)
+
+    def f(x, y):
+        return x * y + y
+
+    got, want = kiln.compile(f)(x, y), f(x, y)
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))  # -0.0 and subnormals too
