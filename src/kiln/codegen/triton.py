@@ -112,28 +112,6 @@ def render_compute(s: k.Compute, arg_types: list[torch.dtype], only_stored: bool
     return _round_to(expr, s.dtype) if k.rounds_result(s) and not only_stored else expr
 
 
-def _only_stored(kernel: k.Kernel) -> set[str]:
-    """Results of a kernel that no statement computes with, and that are stored only into
-    buffers of their own dtype."""
-    scratch = {sc.name for sc in kernel.scratch}
-    dtypes = {s.out: s.dtype for st in kernel.stages for s in st.body if isinstance(s, k.Compute)}
-    used = set()
-    for st in kernel.stages:
-        for s in st.body:
-            if isinstance(s, k.Compute):
-                used.update(s.args)
-            elif isinstance(s, k.Reduce):
-                used.add(s.value)
-            elif isinstance(s, k.Load) and s.mask is not None:
-                used.add(s.mask)
-            elif isinstance(s, k.Store) and (s.buf in scratch or s.dtype != dtypes.get(s.value)):
-                used.add(s.value)
-            index = getattr(s, "index", None)
-            if index is not None:
-                used.update(sym.name for sym in index.symbols())
-    return set(dtypes) - used
-
-
 def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
     a = s.args
     t = compute_dtype(arg_types[-1] if s.fn == "where" else arg_types[0])
@@ -253,18 +231,23 @@ class _Renderer:
             raise TritonUnsupported("row arrays need a persistent reduction")
         self.wide = _needs_int64(kernel)
         self.split = split_rows(kernel)
-        self.only_stored = _only_stored(kernel)
+        self.only_stored = k.only_stored(kernel)
         # with split rows, a row stage is rendered twice: over the body's lanes, then over the
         # edge's, whose row-wise values are named with an _e suffix
         self.edge = False
-        row_statements = [s for st in kernel.stages if st.loop for s in st.body]
-        self.row_values = {sc.name for sc in kernel.scratch} | {
-            s.out for s in row_statements if not isinstance(s, (k.Reduce, k.Store))}
+        self.row_values: set[str] = set()
         if self.split is not None:
+            row_statements = [s for st in kernel.stages if st.loop for s in st.body]
+            self.row_values = {sc.name for sc in kernel.scratch} | {
+                s.out for s in row_statements if not isinstance(s, (k.Reduce, k.Store))}
             self.scratch |= {name + "_e" for name in self.scratch}
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
+
+    def _lane_mask(self) -> str:
+        """Which lanes of the row tile hold row elements (a split row's edge has its own)."""
+        return "emask" if self.edge else "rmask"
 
     def _address(self, buf: str, index: Expr, ir_mask: str | None, in_loop: bool, store: bool):
         """Pointer and mask of a load or store. A load takes the shape its index needs (a
@@ -276,7 +259,7 @@ class _Renderer:
         has_tmp = any(n.startswith("t") for n in names)
         body = self.split is not None and in_loop and not self.edge and index == self.split.index
         ptr = f"{buf} + ({'rbase + rindex' if body else render_index(index)})"  # a body: whole vectors
-        rmask = "emask" if self.edge else "rmask"
+        rmask = self._lane_mask()
         if not self.k.reduce:
             full, tile_mask = "zero_x", "xmask"
         elif in_loop:
@@ -353,7 +336,7 @@ class _Renderer:
         t = compute_dtype(s.dtype)
         self.types[s.out] = torch.int64 if s.kind in ("argmax", "argmin") else t
         ident = _identity(s.kind, t)
-        masked = f"tl.where(xmask & {'emask' if self.edge else 'rmask'}, {s.value}, {ident})"
+        masked = f"tl.where(xmask & {self._lane_mask()}, {s.value}, {ident})"
         if s.kind in ("argmax", "argmin"):
             self._arg_reduce(s, depth, t)
             return

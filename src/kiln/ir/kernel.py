@@ -138,6 +138,28 @@ class Kernel:
 EXACT_IN_LOW_PRECISION = frozenset("neg abs maximum minimum where sign cast floor ceil round trunc".split())
 
 
+def only_stored(kernel: Kernel) -> set[str]:
+    """Results of a kernel that no statement computes with and that are stored only into
+    buffers of their own dtype: a renderer may leave their rounding to the store's conversion."""
+    scratch = {sc.name for sc in kernel.scratch}
+    dtypes = {s.out: s.dtype for st in kernel.stages for s in st.body if isinstance(s, Compute)}
+    used = set()
+    for st in kernel.stages:
+        for s in st.body:
+            if isinstance(s, Compute):
+                used.update(s.args)
+            elif isinstance(s, Reduce):
+                used.add(s.value)
+            elif isinstance(s, Load) and s.mask is not None:
+                used.add(s.mask)
+            elif isinstance(s, Store) and (s.buf in scratch or s.dtype != dtypes.get(s.value)):
+                used.add(s.value)
+            index = getattr(s, "index", None)
+            if index is not None:
+                used.update(sym.name for sym in index.symbols())
+    return set(dtypes) - used
+
+
 def rounds_result(s: Compute) -> bool:
     """Whether a renderer must round this result to its bf16/f16 dtype (the rule above)."""
     return s.dtype in (torch.bfloat16, torch.float16) and s.fn not in EXACT_IN_LOW_PRECISION
