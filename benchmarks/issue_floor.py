@@ -33,8 +33,7 @@ COUNT = textwrap.dedent('''
     import collections, os, pickle, re, subprocess, sys
     import triton
     from kiln.codegen import triton as tr
-    from kiln.runtime import compile_pool
-    from kiln.runtime.triton_build import _load, compile_args
+    from kiln.runtime.triton_build import _resources, compile_for_target, programs_per_sm
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     out = {}
@@ -42,8 +41,7 @@ COUNT = textwrap.dedent('''
         rows = []
         for kern in kernels:
             config = tr.launch_config(kern, False)
-            _, path, _ = _load(kern, tr.render_source(kern))
-            compiled = compile_pool.compile_in_process(compile_args(kern, path, config, ("cuda", 90, 32)))
+            compiled = compile_for_target(kern, tr.render_source(kern))
             cubin = os.path.join(sys.argv[2], kern.name + ".cubin")
             open(cubin, "wb").write(compiled.asm["cubin"])
             sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
@@ -54,7 +52,8 @@ COUNT = textwrap.dedent('''
             xblock, rblock, warps = config
             per_thread = xblock * rblock / (32 * warps)
             numel = kern.outer_numel * max(kern.reduce_numel, 1)
-            rows.append((kern.name, config, count, per_thread, numel))
+            registers = _resources(compiled)[0]
+            rows.append((kern.name, config, count, per_thread, numel, registers, programs_per_sm(registers, warps)))
         out[name] = rows
     pickle.dump(out, open(sys.argv[3], "wb"))
 ''')
@@ -121,13 +120,14 @@ def main() -> int:
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KILN_TARGET")}
         subprocess.run([sys.executable, "-c", COUNT, kernels_path, tmp, counts_path], env=env, check=True)
         counts = pickle.loads(Path(counts_path).read_bytes())
-    print("| case | kernel | launch config | SASS instructions | per element | issue floor us | memory floor us |")
-    print("|---|---|---|---|---|---|---|")
+    print("| case | kernel | launch config | registers (programs an SM holds) | SASS instructions | per element "
+          "| issue floor us | memory floor us |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, rows in counts.items():
         moved = generated[name][1]
-        for kernel, config, count, per_thread, numel in rows:
+        for kernel, config, count, per_thread, numel, registers, programs in rows:
             per_element = count / per_thread
-            print(f"| {name} | {kernel} | {config} | {count} | {per_element:.1f} | "
+            print(f"| {name} | {kernel} | {config} | {registers} ({programs}) | {count} | {per_element:.1f} | "
                   f"{per_element * numel / ISSUE_RATE * 1e6:.1f} | {moved / COPY_RATE * 1e6:.1f} |")
     return 0
 

@@ -22,6 +22,7 @@ GENERATE = textwrap.dedent('''
         xo, wo = torch.randn(64, 1021, dtype=torch.bfloat16), torch.randn(1021, dtype=torch.bfloat16)
         # rows off 16-byte boundaries: aligned bodies and edges
         yield lambda a, w: (torch.softmax(a, -1), (a * torch.rsqrt(a.float().pow(2).mean(-1, keepdim=True))).to(a.dtype) * w), (xo, wo)
+        yield lambda a, w, b: F.layer_norm(a, (1021,), w, b), (xo.float(), wo.float(), wo.float() * 0.5)
         idx = torch.randint(0, 50, (4, 7))
         yield lambda w, i: torch.cat([w[i], F.pad(w[i], (1, 1))[..., 1:-1]], -1), (torch.randn(50, 16), idx)
 

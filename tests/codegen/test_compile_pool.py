@@ -10,8 +10,16 @@ from generated_kernels import kernels_pickle
 from triton import knobs
 
 from kiln.codegen import triton as tr
-from kiln.runtime import compile_pool
-from kiln.runtime.triton_build import _load, compile_for_target, compile_variants, interpreted
+from kiln.runtime import compile_pool, triton_build
+from kiln.runtime.triton_build import (
+    _load,
+    _resources,
+    compile_for_target,
+    compile_variants,
+    interpreted,
+    programs_per_sm,
+    register_cap,
+)
 
 pytestmark = pytest.mark.skipif(interpreted(), reason="compiles for a GPU, not for Triton's interpreter")
 
@@ -39,6 +47,13 @@ def cache_hits(monkeypatch, tmp_path):
     hits = []
     monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: hits.append(kw["cache_hit"]))
     return hits
+
+
+@pytest.fixture(autouse=True)
+def one_compile_a_kernel(request, monkeypatch):
+    """No second compile under a register cap (tested on its own below)."""
+    if "register" not in request.node.name:
+        monkeypatch.setattr(triton_build, "register_cap", lambda registers, warps: None)
 
 
 @pytest.fixture
@@ -91,3 +106,21 @@ def test_compiles_survive_workers_that_die(kernels, cache_hits, monkeypatch, cap
     assert "workers stopped" in caplog.text and compile_pool._pool is None
     compile_variants(kernels[3:6], SM90)
     assert cache_hits == [False] * 3 + [True] * 3
+
+
+def test_register_caps_where_the_unit_below_fits_more_programs():
+    # 8 registers a thread per allocation unit: 74 take as many as 80 (6 programs of 4 warps
+    # on an SM), 72 fit 7; 28 and 32 both fit the 16 programs of 4 warps the threads allow
+    assert programs_per_sm(74, 4) == 6 and programs_per_sm(72, 4) == 7
+    assert register_cap(74, 4) == 72 and register_cap(72, 4) is None and register_cap(30, 4) is None
+    assert programs_per_sm(40, 1) == 32  # at most 32 programs, however small
+
+
+def test_kernels_past_a_register_step_compile_under_a_cap(kernels, cache_hits):
+    variants = compile_variants(kernels, SM90)
+    capped = [c for vs in variants for c in vs.values() if c.metadata.maxnreg]
+    assert capped, "no generated kernel ends past a register step"
+    for c in capped:
+        registers, warps = _resources(c)[0], c.metadata.num_warps
+        assert registers <= c.metadata.maxnreg
+        assert programs_per_sm(registers, warps) > programs_per_sm(c.metadata.maxnreg + 1, warps)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def _applying(fn: str, body: str) -> str:
     """A script that defines `apply`, a kernel computing km.<fn> element-wise, then runs body."""
@@ -74,3 +76,38 @@ def test_float32_gelu_is_within_erfs_accuracy():
     # eager's 0.5 * x * (1 + erf(x / sqrt 2)) carries erf's error, about 6e-8, into Phi
     max_phi_error = float(_interpreted(GELU).split("max_phi_error")[-1])
     assert max_phi_error <= 1.2e-7, max_phi_error
+
+
+def _run_prmt(asm: str, registers: dict) -> dict:
+    """Execute the prmt.b32 lines of PTX (default mode: each selector nibble picks a byte of
+    the pair {second operand, first operand})."""
+    for line in asm.splitlines():
+        if not line.startswith("prmt.b32"):
+            continue
+        out, a, b, sel = (t.strip(" ;") for t in line[len("prmt.b32"):].split(","))
+        pair = registers[a] | registers[b] << 32
+        selector = registers[sel]
+        registers[out] = sum(((pair >> 8 * (selector >> 4 * i & 7)) & 0xFF) << 8 * i for i in range(4))
+    return registers
+
+
+@pytest.mark.parametrize("elem_bits", [16, 32])
+def test_column_window_shifts_by_every_offset(elem_bits):
+    # km.load_columns on a GPU: the thread's columns start `shift` elements into the first of
+    # two 16-byte vectors; the permutes must leave exactly those columns, in order
+    from kiln.codegen import triton_math as km
+
+    asm, vector = km._shift_asm(elem_bits), 128 // elem_bits
+    mask = (1 << elem_bits) - 1
+    window = [(0x1234 + 977 * i) & mask for i in range(2 * vector)]
+    words = [sum(window[i * (32 // elem_bits) + j] << elem_bits * j for j in range(32 // elem_bits)) for i in range(8)]
+    for shift in range(vector):
+        byte_shift = shift * elem_bits // 8
+        registers = {f"${4 + i}": w for i, w in enumerate(words)}
+        selectors = [0x7654 if byte_shift & 8 else 0x3210, 0x7654 if byte_shift & 4 else 0x3210,
+                     0x5432 if byte_shift & 2 else 0x3210]
+        for step, selector in enumerate(selectors[:3 if elem_bits == 16 else 2]):
+            registers[f"${12 + vector * step}"] = selector
+        out = _run_prmt(asm, registers)
+        got = [out[f"${i // (32 // elem_bits)}"] >> elem_bits * (i % (32 // elem_bits)) & mask for i in range(vector)]
+        assert got == window[shift:shift + vector], (shift, got)

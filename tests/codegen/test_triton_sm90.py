@@ -52,15 +52,21 @@ SPLIT_ROWS = textwrap.dedent('''
 
     split = [k for k in pickle.load(open(sys.argv[1], "rb")) if tr.split_rows(k) is not None]
     assert split, "no kernel over rows off 16-byte boundaries"
+    weighted = 0
     for kern in split:
-        ptx = compile_for_target(kern, tr.render_source(kern)).asm["ptx"]
+        source = tr.render_source(kern)
+        ptx = compile_for_target(kern, source).asm["ptx"]
         assert "ld.global.v4.b32" in ptx, kern.name
         stores_rows = any(isinstance(s, Store) and s.index == tr.split_rows(kern).index
                           for st in kern.stages for s in st.body)
         assert "st.global.v4.b32" in ptx or not stores_rows, kern.name
-    print("split", len(split))
+        if "km.load_columns(" in source:  # weights: aligned vectors shifted by byte permutes
+            weighted += 1
+            assert "prmt.b32" in ptx and "ld.global.v4.b32" in ptx, kern.name
+    print("split", len(split), "weighted", weighted)
 ''')
 
 
 def test_rows_off_16_byte_boundaries_load_and_store_whole_vectors(generated_kernels, tmp_path):
-    assert int(_compile_for_gpu(SPLIT_ROWS, generated_kernels, tmp_path).split("split")[-1]) >= 1
+    out = _compile_for_gpu(SPLIT_ROWS, generated_kernels, tmp_path).split()
+    assert int(out[-3]) >= 2 and int(out[-1]) >= 2  # bf16 and float32 rows with weights

@@ -39,10 +39,11 @@ def test_norms_long_rows(dtype):
     check(f, x, w, b, expect_native=True)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_rows_off_16_byte_boundaries(dtype):
     # rows of 1021 and 4093 split into an aligned body of whole vectors and an edge tile around
-    # it; rows of 37 (too short to split) load element by element
+    # it (the weight shifted into the body's columns in registers: every shift among 67 rows);
+    # rows of 37 (too short to split) load element by element
     def f(x, w):
         xf = x.float()
         rms = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
@@ -51,14 +52,20 @@ def test_rows_off_16_byte_boundaries(dtype):
     def g(flat, w):  # rows 3 elements further on
         return f(flat[3:].view(67, -1), w)
 
+    def h(x, w):  # the weight from its second element on
+        return f(x, w[1:])
+
     for n in (1021, 37, 4093):
         x, w = torch.randn(67, n, device=CUDA, dtype=dtype), torch.randn(n, device=CUDA, dtype=dtype)
         check(f, x, w, expect_native=True)
         check(g, torch.randn(67 * n + 3, device=CUDA, dtype=dtype), w, expect_native=True)
+        check(h, x, torch.randn(n + 1, device=CUDA, dtype=dtype), expect_native=True)
         # a caller's tensor 3 elements off alignment: the launch falls back to Triton's JIT
         view = torch.randn(67 * n + 3, device=CUDA, dtype=dtype)[3:].view(67, n)
-        for got, want in zip(kiln.compile(f)(view, w), f(view, w)):
-            torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+        w_view = torch.randn(n + 3, device=CUDA, dtype=dtype)[3:]
+        for args in ((view, w), (x, w_view)):
+            for got, want in zip(kiln.compile(f)(*args), f(*args)):
+                torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
 def test_float32_gelu_is_as_accurate_as_eagers():

@@ -419,3 +419,78 @@ else:
             a, b = tl.split(tl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
             x = a * b
         return tl.reshape(x, [x.shape[0]])
+
+
+# A split row's weights (see codegen/triton.split_rows): ptr[start + j] for the body's columns
+# j as a [1, RBLOCK] tile. The body is whole 16-byte vectors of the row, so where start is off
+# a 16-byte boundary, a load in the body's layout is element by element and a warp's load
+# touches four 128-byte lines. Instead each thread loads the two aligned vectors around its
+# columns and shifts them into place in registers: byte permutes (prmt) of 8, 4 and 2 bytes
+# as the shift's bits select. Vectors that hold no wanted element are not loaded; the last one
+# loaded may run past `stop`, within its 16-byte block. The permutes take a thread's 8 (16-bit)
+# or 4 (32-bit) consecutive columns at once, which only vector loads guarantee (ALIGNED: the
+# tensors are 16-byte aligned, as compiled); otherwise, and in the interpreter, the load is
+# plain. RMSNorm over rows of 4093 bf16 on the H200: 0.075 ms loading a flat range and
+# converting its layout through shared memory, 0.074 this way, 0.070 for aligned weights.
+def _shift_asm(elem_bits: int) -> str:
+    """PTX: four words from the eight of two vectors ($4-$11) in three (16-bit elements) or
+    two (32-bit) permutes of word pairs 2, 1 and 1 words apart, each by its selector operand:
+    shifts of 8, 4 and 2 bytes, or none."""
+    pack = 128 // elem_bits  # elements in a vector: operands per 32-bit selector
+    reaches = [2, 1, 1] if elem_bits == 16 else [2, 1]
+    counts = [4]  # words each step makes: what the next needs, plus its reach
+    for reach in reversed(reaches[1:]):
+        counts.insert(0, counts[0] + reach)
+    words, lines = [f"${i}" for i in range(4, 12)], []
+    for step, (reach, count) in enumerate(zip(reaches, counts)):
+        last = step == len(reaches) - 1
+        out = [f"${i}" for i in range(4)] if last else [f"s{step}_{i}" for i in range(count)]
+        if not last:
+            lines.append(f".reg .b32 {', '.join(out)};")
+        lines += [f"prmt.b32 {o}, {words[i]}, {words[i + reach]}, ${12 + pack * step};" for i, o in enumerate(out)]
+        words = out
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+# prmt selectors: the first operand's bytes, the second's, or the upper half of the first
+# and the lower half of the second
+_FIRST, _SECOND, _HALF = tl.constexpr(0x3210), tl.constexpr(0x7654), tl.constexpr(0x5432)
+_SHIFT16 = tl.constexpr(_shift_asm(16))
+_SHIFT32 = tl.constexpr(_shift_asm(32))
+
+
+@triton.jit
+def _plain_columns(ptr, start, stop, RBLOCK: tl.constexpr):
+    columns = start + tl.arange(0, RBLOCK)[None, :]
+    return tl.load(ptr + columns, mask=columns < stop, other=0)
+
+
+if not INTERPRETED:
+
+    @triton.jit
+    def load_columns(ptr, start, stop, ALIGNED: tl.constexpr, VECTOR: tl.constexpr, RBLOCK: tl.constexpr):
+        if ALIGNED:
+            rindex = tl.arange(0, RBLOCK)[None, :]
+            base = tl.multiple_of(start // VECTOR * VECTOR, VECTOR)
+            end = (stop + VECTOR - 1) // VECTOR * VECTOR
+            lo = tl.load(ptr + base + rindex, mask=base + rindex < end, other=0)
+            hi = tl.load(ptr + base + VECTOR + rindex, mask=base + VECTOR + rindex < end, other=0)
+            shift = start % VECTOR * (16 // VECTOR)  # bytes
+            zero = tl.zeros([1, RBLOCK], tl.int32)
+            by8 = zero + tl.where((shift & 8) != 0, _SECOND, _FIRST)
+            by4 = zero + tl.where((shift & 4) != 0, _SECOND, _FIRST)
+            if VECTOR == 8:
+                by2 = zero + tl.where((shift & 2) != 0, _HALF, _FIRST)
+                return tl.inline_asm_elementwise(_SHIFT16, "=r,=r,=r,=r" + ",r" * 32, [lo, hi, by8, by4, by2],
+                                                 dtype=lo.dtype, is_pure=True, pack=8)
+            else:
+                return tl.inline_asm_elementwise(_SHIFT32, "=r,=r,=r,=r" + ",r" * 16, [lo, hi, by8, by4],
+                                                 dtype=lo.dtype, is_pure=True, pack=4)
+        else:
+            return _plain_columns(ptr, start, stop, RBLOCK)
+
+else:
+
+    @triton.jit
+    def load_columns(ptr, start, stop, ALIGNED: tl.constexpr, VECTOR: tl.constexpr, RBLOCK: tl.constexpr):
+        return _plain_columns(ptr, start, stop, RBLOCK)

@@ -142,4 +142,4 @@ class TunedLauncher:
             self.aligned(*tensors)
         else:
             x, r, w = self.choice or next(iter(self.variants))
-            self.jit_fn[self.grid((x, r, w))](*tensors, XBLOCK=x, RBLOCK=r, num_warps=w)
+            self.jit_fn[self.grid((x, r, w))](*tensors, XBLOCK=x, RBLOCK=r, ALIGNED=False, num_warps=w)
