@@ -431,7 +431,8 @@ else:
 # or 4 (32-bit) consecutive columns at once, which only vector loads guarantee (ALIGNED: the
 # tensors are 16-byte aligned, as compiled); otherwise, and in the interpreter, the load is
 # plain. RMSNorm over rows of 4093 bf16 on the H200: 0.075 ms loading a flat range and
-# converting its layout through shared memory, 0.074 this way, 0.070 for aligned weights.
+# converting its layout through shared memory, 0.0742 this way (0.0716 with the kernel's
+# registers capped at an allocation step, runtime/triton_build.py), 0.0706 as if aligned.
 def _shift_asm(elem_bits: int) -> str:
     """PTX: four words from the eight of two vectors ($4-$11) in three (16-bit elements) or
     two (32-bit) permutes of word pairs 2, 1 and 1 words apart, each by its selector operand:

@@ -114,21 +114,31 @@ def register_cap(registers: int, warps: int) -> int | None:
     return cap if cap < registers and programs_per_sm(cap, warps) > programs_per_sm(registers, warps) else None
 
 
-def _resources(compiled) -> tuple[int, int]:
-    """(registers a thread, stack bytes) of a compiled CUDA kernel, from its cubin."""
-    import re
-    import subprocess
-    import tempfile
+def _resources(compiled) -> tuple[int, int] | None:
+    """(registers a thread, stack bytes) of a compiled CUDA kernel, read from its cubin's
+    .nv.info section (attribute records: format, attribute, then a 16-bit value or a sized
+    payload; REGCOUNT and MAX_STACK_SIZE hold a symbol index and the value). None if absent."""
+    import struct
 
-    from triton import knobs
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        usage = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", f.name], capture_output=True,
-                               text=True, check=True).stdout
-    registers, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
-    return int(registers), int(stack)
+    cubin = compiled.asm["cubin"]
+    values = {}
+    try:  # ELF64: section headers from e_shoff (0x28); their size, count and names' index at 0x3A
+        shoff, = struct.unpack_from("<Q", cubin, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+        sections = [struct.unpack_from("<I20xQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+        names = sections[shstrndx][1]
+        for name, offset, size in sections:
+            if cubin[names + name:cubin.index(b"\0", names + name)] != b".nv.info":
+                continue
+            at = offset
+            while at < offset + size:
+                fmt, attribute, length = struct.unpack_from("<BBH", cubin, at)
+                if fmt == 4 and attribute in (0x2F, 0x12):  # EIATTR_REGCOUNT, EIATTR_MAX_STACK_SIZE
+                    values[attribute] = struct.unpack_from("<I", cubin, at + 8)[0]
+                at += 4 + (length if fmt == 4 else 0)
+    except (struct.error, ValueError, IndexError):
+        return None
+    return (values[0x2F], values.get(0x12, 0)) if 0x2F in values else None
 
 
 def _compile_at_register_steps(jobs: list[compile_pool.CompileArgs]) -> list:
@@ -138,13 +148,13 @@ def _compile_at_register_steps(jobs: list[compile_pool.CompileArgs]) -> list:
     compiled = compile_pool.compile_all(jobs)
     capped = []  # (job index, capped job, stack bytes uncapped)
     for i, (job, binary) in enumerate(zip(jobs, compiled)):
-        if job.target[0] == "cuda":
-            registers, stack = _resources(binary)
-            cap = register_cap(registers, job.options["num_warps"])
-            if cap is not None:
-                capped.append((i, dataclasses.replace(job, options={**job.options, "maxnreg": cap}), stack))
+        used = _resources(binary) if job.target[0] == "cuda" else None
+        cap = register_cap(used[0], job.options["num_warps"]) if used else None
+        if cap is not None:
+            capped.append((i, dataclasses.replace(job, options={**job.options, "maxnreg": cap}), used[1]))
     for (i, _, stack), binary in zip(capped, compile_pool.compile_all([job for _, job, _ in capped])):
-        if _resources(binary)[1] <= stack:
+        used = _resources(binary)
+        if used and used[1] <= stack:
             compiled[i] = binary
     return compiled
 
