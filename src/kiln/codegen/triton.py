@@ -290,7 +290,7 @@ class _Renderer:
                 return
             ptr, mask = self._address(s.buf, s.index, s.mask, in_loop, store=False)
             load = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
-            if self.split is not None and in_loop and not self.edge and self._by_column(s):
+            if self.split is not None and in_loop and not self.edge:
                 load = self._column_load(s) or load
             if s.dtype is torch.bfloat16:
                 load = f"km.from_bf16({load})"
@@ -439,16 +439,13 @@ class _Renderer:
         self.emit(1, f"{r.name}_e = tl.where(eindex < rhead, eindex, rbody + eindex)")  # head, then tail
         self.emit(1, f"zero_edge = tl.zeros([XBLOCK, {SPLIT_EDGE}], tl.int32)")
 
-    def _by_column(self, s: k.Load) -> bool:
-        """A load by the row element alone (a weight), in a split row's body."""
-        return s.mask is None and {sym.name for sym in s.index.symbols()} == {self.k.reduce[0].name}
-
     def _column_load(self, s: k.Load) -> str | None:
-        """A contiguous weight of 16- or 32-bit elements at its columns of the body, wherever
-        the body starts (km.load_columns); None for other weights, which load element by
-        element in the body's layout."""
+        """A split row body's load of a contiguous weight (w[r0 + c]) of 16- or 32-bit elements,
+        wherever the body starts (km.load_columns); None for any other load (other weights load
+        element by element in the body's layout)."""
         r = self.k.reduce[0]
-        if s.index.terms != ((r, 1),) or s.index.const < 0 or s.dtype.itemsize not in (2, 4):
+        contiguous = s.mask is None and s.index.terms == ((r, 1),) and s.index.const >= 0
+        if not contiguous or s.dtype.itemsize not in (2, 4):
             return None
         c = s.index.const
         return (f"km.load_columns({s.buf}, rhead + {c}, {self.k.reduce_numel + c}, ALIGNED, "
@@ -513,7 +510,8 @@ class _Renderer:
         self.emit(0, "@triton.jit")
         # ALIGNED: compiled for tensors that all start on 16-byte boundaries (the direct launch);
         # Triton's JIT, which launches any others, and the interpreter get False
-        self.emit(0, f"def {kern.name}({params}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, ALIGNED: tl.constexpr):")
+        constexprs = "XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, ALIGNED: tl.constexpr"
+        self.emit(0, f"def {kern.name}({params}, {constexprs}):")
         pid = self._program_id(0)
         if self.split is not None:  # one row per program: its index and values are scalars
             self.emit(1, f"xindex = {pid}")
@@ -701,11 +699,11 @@ def split_rows(kernel: k.Kernel) -> RowSplit | None:
     body and an edge of the elements before and after it, whose reductions it combines as
     scalars (so that no value moves between the tiles' layouts through shared memory). The
     rows' buffers must share one index (each row then starts as far off a boundary in all of
-    them), linear in the row element. A buffer read by column (a weight) is read element by
-    element from wherever the body starts. None for aligned rows, rows shorter than SPLIT_MIN,
+    them), linear in the row element. A buffer read by column (a weight) is read from wherever
+    the body starts (_column_load). None for aligned rows, rows shorter than SPLIT_MIN,
     argmax/argmin, and kernels that do not split. (On the H200, softmax over rows of 1021
     bf16: 0.080 ms through one tile whose edge lanes were merged into the body's layout,
-    0.069 in two tiles; RMSNorm over rows of 4093, whose weight is the cost: 0.081 either way.)"""
+    0.069 in two tiles.)"""
     if not is_persistent(kernel) or len(kernel.reduce) != 1 or rows_aligned(kernel):
         return None
     reductions = [s for st in kernel.stages for s in st.body if isinstance(s, k.Reduce)]

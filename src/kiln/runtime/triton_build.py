@@ -111,7 +111,8 @@ def programs_per_sm(registers: int, warps: int) -> int:
 def register_cap(registers: int, warps: int) -> int | None:
     """The unit boundary below a register count, where it fits more programs on an SM."""
     cap = registers // REGISTER_UNIT * REGISTER_UNIT
-    return cap if cap < registers and programs_per_sm(cap, warps) > programs_per_sm(registers, warps) else None
+    more = cap < registers and programs_per_sm(cap, warps) > programs_per_sm(registers, warps)
+    return cap if more else None
 
 
 def _resources(compiled) -> tuple[int, int] | None:
