@@ -77,6 +77,10 @@ def cases():
     yield "rmsnorm 16381x4093 bf16 (odd)", gpu.rmsnorm, (x, w), 2 * x.nbytes + w.nbytes
     s = torch.randn(65521, 1021, dtype=bf16)
     yield "softmax 65521x1021 bf16 (odd)", gpu.softmax, (s,), 2 * s.nbytes
+    x, w = torch.randn(5000, 3000, dtype=bf16), torch.randn(3000, dtype=bf16)
+    yield "rmsnorm 5000x3000 bf16 (odd, 60 MB)", gpu.rmsnorm, (x, w), 2 * x.nbytes + w.nbytes
+    s = torch.randn(50000, 1000, dtype=bf16)
+    yield "softmax 50000x1000 bf16 (odd, 200 MB)", gpu.softmax, (s,), 2 * s.nbytes
 
 
 def generate(wanted: list[str]) -> dict:

@@ -96,11 +96,19 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
 
 # An SM holds 65536 registers and 2048 threads (in at most 32 programs) and gives a warp its
 # registers in units of 256, 8 a thread: a kernel of 74 registers a thread takes as many as
-# one of 80, and 6 programs of 4 warps fit on an SM where 7 of 72 would. ptxas does not weigh
-# this, so a kernel whose count ends past a unit's boundary, where the boundary below would
-# fit another program, is compiled again capped there (.maxnreg), and kept if that does not
-# spill. RMSNorm over rows of 4093 bf16 on the H200: 0.0742 ms at 74 registers, 0.0716 at 72.
-REGISTERS_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM, REGISTER_UNIT = 65536, 2048, 32, 8
+# one of 80, and 6 programs of 4 warps fit on an SM where 7 of 72 would. ptxas weighs neither
+# way of that step: it does not drop a few registers to fit another program, and given no
+# limit it schedules for fewer registers than the programs that fit would allow (RMSNorm over
+# rows of 3000 bf16: 42 registers with the weight loads spread between the arithmetic; under
+# .maxnreg 48, as many programs, 46 with the loads issued together, 0.0174 -> 0.0166 ms on
+# the H200). So a CUDA kernel whose count is not its budget compiles again with the budget as
+# .maxnreg: the unit boundary below its count where that fits another program (kept if it
+# does not spill; RMSNorm over rows of 4093: 74 registers 0.0742 ms, 72 0.0716), else the
+# most registers at which as many programs fit. The latter only from 32 registers up: most of
+# a training step's kernels are element-wise ones of fewer (38 of GPT-2's 51 would compile
+# again), and compiling those again made its first step 3 s longer and no step faster.
+REGISTERS_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM, REGISTER_UNIT, MAX_REGISTERS = 65536, 2048, 32, 8, 255
+MIN_REGISTERS_RAISED = 32
 
 
 def programs_per_sm(registers: int, warps: int) -> int:
@@ -108,11 +116,18 @@ def programs_per_sm(registers: int, warps: int) -> int:
     return min(PROGRAMS_PER_SM, THREADS_PER_SM // (32 * warps), REGISTERS_PER_SM // (per_warp * warps))
 
 
-def register_cap(registers: int, warps: int) -> int | None:
-    """The unit boundary below a register count, where it fits more programs on an SM."""
-    cap = registers // REGISTER_UNIT * REGISTER_UNIT
-    more = cap < registers and programs_per_sm(cap, warps) > programs_per_sm(registers, warps)
-    return cap if more else None
+def register_caps(registers: int, warps: int) -> list[int]:
+    """The register budgets to try, in turn, for a kernel that uses `registers` a thread:
+    the unit boundary below, where that fits more programs on an SM; the most registers at
+    which as many programs fit, where that is more (from MIN_REGISTERS_RAISED up)."""
+    caps = []
+    below = registers // REGISTER_UNIT * REGISTER_UNIT
+    if below < registers and programs_per_sm(below, warps) > programs_per_sm(registers, warps):
+        caps.append(below)
+    fits, top = programs_per_sm(registers, warps), below
+    while top + REGISTER_UNIT <= MAX_REGISTERS and programs_per_sm(top + REGISTER_UNIT, warps) == fits:
+        top += REGISTER_UNIT
+    return caps + [top] if top > registers >= MIN_REGISTERS_RAISED else caps
 
 
 def _resources(compiled) -> tuple[int, int] | None:
@@ -143,20 +158,27 @@ def _resources(compiled) -> tuple[int, int] | None:
 
 
 def _compile_at_register_steps(jobs: list[compile_pool.CompileArgs]) -> list:
-    """Compile every job; for CUDA, again under a register cap where one fits more programs."""
+    """Compile every job; for CUDA, again under its register budgets in turn, keeping the
+    first binary that does not spill more than the uncapped one."""
     import dataclasses
 
     compiled = compile_pool.compile_all(jobs)
-    capped = []  # (job index, capped job, stack bytes uncapped)
+    pending = []  # (job index, budgets left to try, stack bytes uncapped)
     for i, (job, binary) in enumerate(zip(jobs, compiled)):
         used = _resources(binary) if job.target[0] == "cuda" else None
-        cap = register_cap(used[0], job.options["num_warps"]) if used else None
-        if cap is not None:
-            capped.append((i, dataclasses.replace(job, options={**job.options, "maxnreg": cap}), used[1]))
-    for (i, _, stack), binary in zip(capped, compile_pool.compile_all([job for _, job, _ in capped])):
-        used = _resources(binary)
-        if used and used[1] <= stack:
-            compiled[i] = binary
+        if used and (caps := register_caps(used[0], job.options["num_warps"])):
+            pending.append((i, caps, used[1]))
+    while pending:
+        tries = [dataclasses.replace(jobs[i], options={**jobs[i].options, "maxnreg": caps[0]})
+                 for i, caps, _ in pending]
+        spilled = []
+        for (i, caps, stack), binary in zip(pending, compile_pool.compile_all(tries)):
+            used = _resources(binary)
+            if used and used[1] <= stack:
+                compiled[i] = binary
+            elif caps[1:]:
+                spilled.append((i, caps[1:], stack))
+        pending = spilled
     return compiled
 
 
