@@ -90,7 +90,7 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
 
     configs = [candidate_configs(kernel) if autotune else [launch_config(kernel, False)] for kernel, _ in kernels]
     jobs = [compile_args(kernel, path, config, target) for (kernel, path), cs in zip(kernels, configs) for config in cs]
-    compiled = iter(_compile_at_register_steps(jobs))
+    compiled = iter(_compile_at_register_budgets(jobs))
     return [{config: next(compiled) for config in cs} for cs in configs]
 
 
@@ -105,8 +105,8 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
 # .maxnreg: the unit boundary below its count where that fits another program (kept if it
 # does not spill; RMSNorm over rows of 4093: 74 registers 0.0742 ms, 72 0.0716), else the
 # most registers at which as many programs fit. The latter only from 32 registers up: most of
-# a training step's kernels are element-wise ones of fewer (38 of GPT-2's 51 would compile
-# again), and compiling those again made its first step 3 s longer and no step faster.
+# a training step's kernels are element-wise ones of fewer (38 of the 51 of GPT-2's would
+# compile again), and compiling those again made its first step 3 s longer and no step faster.
 REGISTERS_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM, REGISTER_UNIT, MAX_REGISTERS = 65536, 2048, 32, 8, 255
 MIN_REGISTERS_RAISED = 32
 
@@ -157,7 +157,7 @@ def _resources(compiled) -> tuple[int, int] | None:
     return (values[0x2F], values.get(0x12, 0)) if 0x2F in values else None
 
 
-def _compile_at_register_steps(jobs: list[compile_pool.CompileArgs]) -> list:
+def _compile_at_register_budgets(jobs: list[compile_pool.CompileArgs]) -> list:
     """Compile every job; for CUDA, again under its register budgets in turn, keeping the
     first binary that does not spill more than the uncapped one."""
     import dataclasses
@@ -233,5 +233,5 @@ def compile_for_target(kernel: Kernel, source: str, arch: int = 90, warp_size: i
     from kiln.codegen.triton import launch_config
 
     _, path, _ = _load(kernel, source)
-    return _compile_at_register_steps([compile_args(kernel, path, launch_config(kernel, False),
+    return _compile_at_register_budgets([compile_args(kernel, path, launch_config(kernel, False),
                                                     ("cuda", arch, warp_size))])[0]
