@@ -120,7 +120,14 @@ def test_register_budgets():
     assert register_caps(250, 1) == [] and max(register_caps(200, 4)) <= 255
 
 
-def test_kernels_compile_under_their_register_budget(kernels, cache_hits):
+def test_kernels_compile_under_their_register_budget(kernels, cache_hits, monkeypatch):
+    uncapped = []  # (registers, warps) of each first compile, in the jobs' order
+
+    def recording(registers, warps):
+        uncapped.append((registers, warps))
+        return register_caps(registers, warps)
+
+    monkeypatch.setattr(triton_build, "register_caps", recording)
     variants = compile_variants(kernels, SM90)
     capped = [c for vs in variants for c in vs.values() if c.metadata.maxnreg]
     assert capped, "no generated kernel compiled under a register budget"
@@ -128,3 +135,7 @@ def test_kernels_compile_under_their_register_budget(kernels, cache_hits):
         registers, warps = _resources(c)[0], c.metadata.num_warps
         assert registers <= c.metadata.maxnreg
         assert programs_per_sm(registers, warps) > programs_per_sm(c.metadata.maxnreg + 1, warps)
+    binaries = [c for vs in variants for c in vs.values()]
+    assert len(uncapped) == len(binaries)
+    for (first, warps), c in zip(uncapped, binaries):
+        assert programs_per_sm(_resources(c)[0], warps) >= programs_per_sm(first, warps)  # never fewer

@@ -105,8 +105,9 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
 # .maxnreg: the unit boundary below its count where that fits another program (kept if it
 # does not spill; RMSNorm over rows of 4093: 74 registers 0.0742 ms, 72 0.0716), else the
 # most registers at which as many programs fit. The latter only from 32 registers up: most of
-# a training step's kernels are element-wise ones of fewer (38 of the 51 of GPT-2's would
-# compile again), and compiling those again made its first step 3 s longer and no step faster.
+# a training step's kernels are element-wise ones of fewer (38 of the 51 kernels of a one-layer
+# GPT-2 step would compile again), and compiling those again made the 12-layer step's first
+# call 3 s longer and no step faster.
 REGISTERS_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM, REGISTER_UNIT, MAX_REGISTERS = 65536, 2048, 32, 8, 255
 MIN_REGISTERS_RAISED = 32
 
