@@ -11,6 +11,7 @@ import torch
 import torch.fx as fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
+from kiln import errors
 from kiln.codegen.backends import get_backend, resolve_target, target_problem
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
@@ -48,6 +49,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
     device = graph_device(example_inputs)
     target = resolve_target(options.target, device)
     reason = _unsupported_reason(example_inputs, target)
+    kind = "unsupported"
     if reason is None:
         try:
             from kiln.passes.pipeline import compile_graph
@@ -64,8 +66,8 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
         except Exception as e:  # noqa: BLE001 - the user's program must still run
             if env_debug():
                 raise
-            reason = f"{type(e).__name__}: {e}"
-    log.warning("kiln: graph runs in ATen: %s", reason)
+            kind, reason = "internal", f"{type(e).__name__}: {e}"
+    errors.record(errors.Fallback("graph", kind, reason))
     return make_boxed_func(gm.forward)
 
 
@@ -123,7 +125,7 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options
         return _PerShape(gm, options)
     eager_only = eager_only_reason(gm)
     if eager_only:
-        log.warning("kiln: graph runs in eager PyTorch by design: %s", eager_only)
+        errors.record(errors.Fallback("graph", "by design", eager_only))
         return gm.forward
 
     splits: list[PartitionSummary] = []  # one when AOTAutograd splits a training graph
@@ -147,5 +149,5 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options
     except Exception as e:  # noqa: BLE001 - tracing failed (e.g. a decomposition): run the graph as is
         if env_debug():
             raise
-        log.warning("kiln: graph runs in eager PyTorch, AOTAutograd failed: %s: %s", type(e).__name__, e)
+        errors.record(errors.Fallback("graph", "trace", f"AOTAutograd failed: {type(e).__name__}: {e}"))
         return gm.forward

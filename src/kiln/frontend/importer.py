@@ -6,7 +6,6 @@ declines, becomes an EXTERN node that runs the ATen op itself, with the reason k
 
 from __future__ import annotations
 
-import logging
 import operator
 from typing import Any
 
@@ -14,12 +13,12 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
 
+from kiln import errors
 from kiln.ir.tensor import ArgRef, Builder, Graph, Layout, Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import Unsupported, cast, constant
 from kiln.lower.registry import lookup
 
-log = logging.getLogger("kiln")
 
 aten = torch.ops.aten
 _VENDOR = "runs in ATen by design: vendor BLAS/DNN kernels win here"
@@ -198,8 +197,9 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
             reason = str(e)
         except Exception as e:  # a lowering bug must not break the user's program
             reason = f"lowering failed: {type(e).__name__}: {e}"
-            log.warning("kiln: lowering of %s failed (%s); using ATen", name, reason)
-    if name not in fallbacks:
-        log.info("kiln: %s runs in ATen: %s", name, reason)
+            errors.record(errors.Fallback("op", "internal", reason, name))
+    if name not in fallbacks and not reason.startswith("lowering failed"):
+        kind = "by design" if n.target in EXTERN_BY_DESIGN else "unsupported"
+        errors.record(errors.Fallback("op", kind, reason, name))
     fallbacks[name] = reason
     return _extern(b, n.target, args, kwargs, val, reason)

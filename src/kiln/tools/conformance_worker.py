@@ -238,11 +238,11 @@ def _kiln_problem(messages: list[str], call, tensors):
     for m in messages:
         if "by design" in m:
             continue
-        if "graph runs in ATen" in m or ("lowering of" in m and "failed" in m):
-            return "crash", m[:400]
         if "AOTAutograd failed" in m:
             if _fails_without_kiln(call, tensors, "aot_eager"):
                 return "not captured", m[:400]
+            return "crash", m[:400]
+        if "graph runs in ATen" in m or "(internal)" in m:
             return "crash", m[:400]
     return None
 

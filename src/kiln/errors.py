@@ -1,0 +1,54 @@
+"""Why kiln ran something in ATen, as values.
+
+Tests, the conformance sweep and `kiln.explain` read these records, never log text. A record
+is made where the decision is taken; the one warning a user sees is written from it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger("kiln")
+
+# by design:   kiln leaves it to ATen on purpose (e.g. integer interpolation, scans)
+# unsupported: kiln has no lowering, or the inputs are of a kind it does not compile
+# trace:       AOTAutograd could not trace the graph with kiln's decompositions
+# internal:    kiln itself raised (a lowering, code generation or build bug)
+KINDS = ("by design", "unsupported", "trace", "internal")
+SCOPES = ("graph", "op")
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """scope "graph": a whole graph runs in ATen; scope "op": one ATen call inside a
+    compiled program (op names it)."""
+
+    scope: str
+    kind: str
+    reason: str
+    op: str = ""
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES or self.kind not in KINDS:
+            raise ValueError(f"bad fallback record: scope {self.scope!r}, kind {self.kind!r}")
+
+    def __str__(self) -> str:
+        where = f"{self.op} runs" if self.scope == "op" else "graph runs"
+        return f"kiln: {where} in ATen ({self.kind}): {self.reason}"
+
+
+# The newest records of this process; bounded so that a long-running process does not grow.
+FALLBACKS: collections.deque[Fallback] = collections.deque(maxlen=1000)
+
+
+def record(fallback: Fallback) -> Fallback:
+    """Keep the record and tell the user once: a whole graph in ATen, or a kiln bug, is a
+    warning; an op kiln has no lowering for is expected and logged at info level."""
+    FALLBACKS.append(fallback)
+    if fallback.scope == "graph" or fallback.kind == "internal":
+        log.warning("%s", fallback)
+    else:
+        log.info("%s", fallback)
+    return fallback
