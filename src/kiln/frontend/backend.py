@@ -10,12 +10,15 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
 from kiln import errors
 from kiln.codegen.backends import get_backend, resolve_target, target_problem
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
 from kiln.frontend.partition import PartitionSummary, partition
+from kiln.lower.core import Unsupported
 from kiln.options import Options, env_debug
 
 log = logging.getLogger("kiln")
@@ -63,6 +66,8 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
 
                 return CudaGraphRunner(fn, static_input_indices())
             return fn
+        except Unsupported as e:  # the graph as a whole is beyond kiln (the importer says why)
+            reason = str(e)
         except Exception as e:  # noqa: BLE001 - the user's program must still run
             if env_debug():
                 raise
@@ -114,8 +119,92 @@ class _PerShape:
                     log.warning("kiln: a graph met %d shapes; further shapes run in ATen", self.SHAPE_LIMIT)
                 fn = self.compiled[key] = self.gm.forward
             else:
-                fn = self.compiled[key] = kiln_backend(self.gm, list(args), self.options)
+                fn = self.compiled[key] = _or_aten(self.gm, lambda: _compile_shape(self.gm, args, self.options))
         return fn(*args)
+
+
+def _compile_shape(gm: fx.GraphModule, args: tuple, options: Options) -> Callable:
+    """kiln's program for the concrete shape of args. A graph that reads numbers from 0-d
+    tensors (.item()) traces them as symbols, so that one program serves every value; where an
+    op needs the value itself while tracing, one program per value."""
+    if not _reads_scalars(gm):
+        return kiln_backend(gm, list(args), options)
+    specialized, kept = _with_ints_inlined(gm, args)
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)  # it logs the failure that the except clause expects
+    try:
+        fn = _trace_and_compile(specialized, _trace_inputs([args[i] for i in kept]), options)
+    except GuardOnDataDependentSymNode:
+        return _PerValue(gm, options)
+    finally:
+        fake_log.setLevel(level)
+    return lambda *call_args: fn(*[call_args[i] for i in kept])
+
+
+def _reads_scalars(gm: fx.GraphModule) -> bool:
+    return any(n.op == "call_method" and n.target == "item" for n in gm.graph.nodes)
+
+
+def _with_ints_inlined(gm: fx.GraphModule, args: tuple) -> tuple[fx.GraphModule, list[int]]:
+    """gm with its integer inputs (sizes, mostly) replaced by their values in args, and the
+    positions of the inputs it still takes: a ShapeEnv would make those integers symbols."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return _inlined(gm, {n: a for n, a in zip(placeholders, args) if isinstance(a, int)}), [
+        i for i, a in enumerate(args) if not isinstance(a, int)]
+
+
+def _inlined(gm: fx.GraphModule, values: dict[fx.Node, Any]) -> fx.GraphModule:
+    """A copy of gm whose given nodes are replaced by constant values."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, dict(values)))
+    return fx.GraphModule(gm, graph)
+
+
+def _trace_inputs(args: list) -> list[Any]:
+    """Fake tensors of the static shapes of args, in a fake mode with a ShapeEnv: with symbolic
+    floats Dynamo passes a float as a 0-d tensor and reads it with .item(), which traces only
+    there (to a symbol, which kiln's kernels load from the tensor)."""
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    mode.allow_scalar_outputs = True
+    return [mode.from_tensor(a, static_shapes=True) if isinstance(a, torch.Tensor) else a for a in args]
+
+
+class _PerValue:
+    """A graph whose numbers read from its inputs (.item()) some op needs while tracing: compiled
+    for each tuple of values it meets, with the values inlined; past VALUE_LIMIT, in ATen."""
+
+    VALUE_LIMIT = 16
+
+    def __init__(self, gm: fx.GraphModule, options: Options):
+        self.gm, self.options = gm, options
+        self.reads = [n for n in gm.graph.nodes if n.op == "call_method" and n.target == "item"]
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.positions = [placeholders.index(n.args[0]) if n.args[0] in placeholders else -1 for n in self.reads]
+        self.compiled: dict[tuple, Callable] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        if -1 in self.positions:  # a number read from a tensor the graph computes
+            return self.gm.forward(*args)
+        values = tuple(args[p].item() for p in self.positions)
+        fn = self.compiled.get(values)
+        if fn is None:
+            if len(self.compiled) >= self.VALUE_LIMIT:
+                return self.gm.forward(*args)
+            gm = _inlined(self.gm, dict(zip(self.reads, values)))
+            fn = self.compiled[values] = _or_aten(self.gm, lambda: kiln_backend(gm, list(args), self.options))
+        return fn(*args)
+
+
+def _or_aten(gm: fx.GraphModule, compile_fn: Callable[[], Callable]) -> Callable:
+    """compile_fn(), or, where kiln raises, gm itself (in ATen) with one warning."""
+    try:
+        return compile_fn()
+    except Exception as e:  # noqa: BLE001 - the user's program must still run
+        if env_debug():
+            raise
+        errors.record(errors.Fallback("graph", "internal", f"{type(e).__name__}: {e}"))
+        return gm.forward
 
 
 def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options | None = None) -> Callable:
@@ -127,7 +216,19 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options
     if eager_only:
         errors.record(errors.Fallback("graph", "by design", eager_only))
         return gm.forward
+    try:
+        return _trace_and_compile(gm, example_inputs, options)
+    except (torch._dynamo.exc.RestartAnalysis, *torch._dynamo.exc.exceptions_allowed_to_be_fallback):
+        raise  # Dynamo's own control flow: it re-traces the frame, or breaks the graph there
+    except Exception as e:  # noqa: BLE001 - tracing failed (e.g. a decomposition): run the graph as is
+        if env_debug():
+            raise
+        errors.record(errors.Fallback("graph", "trace", f"AOTAutograd failed: {type(e).__name__}: {e}"))
+        return gm.forward
 
+
+def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: Options) -> Callable:
+    """AOTAutograd with kiln's decompositions, kiln on the forward and backward graphs."""
     splits: list[PartitionSummary] = []  # one when AOTAutograd splits a training graph
 
     def fw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
@@ -141,13 +242,5 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options
         splits.append(PartitionSummary())
         return partition(joint, joint_inputs, summary=splits[-1], **kwargs)
 
-    try:
-        return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
-                                     partition_fn=partition_fn, decompositions=decomposition_table())
-    except (torch._dynamo.exc.RestartAnalysis, *torch._dynamo.exc.exceptions_allowed_to_be_fallback):
-        raise  # Dynamo's own control flow: it re-traces the frame, or breaks the graph there
-    except Exception as e:  # noqa: BLE001 - tracing failed (e.g. a decomposition): run the graph as is
-        if env_debug():
-            raise
-        errors.record(errors.Fallback("graph", "trace", f"AOTAutograd failed: {type(e).__name__}: {e}"))
-        return gm.forward
+    return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
+                                 partition_fn=partition_fn, decompositions=decomposition_table())

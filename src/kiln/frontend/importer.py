@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from kiln import errors
 from kiln.ir.tensor import ArgRef, Builder, Graph, Layout, Node, Op
 from kiln.lower.context import LowerCtx
-from kiln.lower.core import Unsupported, cast, constant
+from kiln.lower.core import WEAK_SCALAR, Unsupported, cast, constant, is_weak_scalar
 from kiln.lower.registry import lookup
 
 
@@ -96,6 +96,8 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
         elif n.op == "output":
             fx_outs = tree_flatten(n.args[0])[0]
             outs = [env[a] if isinstance(a, fx.Node) else a for a in fx_outs]
+            if any(is_weak_scalar(o) for o in outs):
+                raise Unsupported("the graph returns a number read from a tensor at run time")
             graph = b.finish(outs, position)
             graph.output_strides = [
                 tuple(a.meta["val"].stride()) if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
@@ -174,7 +176,10 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
             return b.make(Op.ITEM, (src,), (k,), layout.shape, layout.dtype)
         return src[k]
     name = str(n.target)
+    if n.target is aten._local_scalar_dense.default:
+        return _scalar_read(b, args[0])
     fn = lookup(n.target)
+    reads_number = any(is_weak_scalar(v) for v in tree_flatten((args, kwargs))[0])
     reason = EXTERN_BY_DESIGN.get(n.target, "no kiln lowering for this op")
     if fn is not None and _touches_complex(args, kwargs, val):
         fn, reason = None, "complex tensors are not lowered"
@@ -196,10 +201,22 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
         except Unsupported as e:
             reason = str(e)
         except Exception as e:  # a lowering bug must not break the user's program
+            if reads_number:  # the lowering may not expect a number known only at run time
+                raise Unsupported(f"{name} takes a number read from a tensor at run time") from e
             reason = f"lowering failed: {type(e).__name__}: {e}"
             errors.record(errors.Fallback("op", "internal", reason, name))
+    if reads_number:  # an ATen call takes it as a number, not as the tensor it is here
+        raise Unsupported(f"{name} runs in ATen and takes a number read from a tensor at run time")
     if name not in fallbacks and not reason.startswith("lowering failed"):
         kind = "by design" if n.target in EXTERN_BY_DESIGN else "unsupported"
         errors.record(errors.Fallback("op", kind, reason, name))
     fallbacks[name] = reason
     return _extern(b, n.target, args, kwargs, val, reason)
+
+
+def _scalar_read(b: Builder, tensor: Any) -> Node:
+    """tensor.item(): with symbolic floats Dynamo passes a float as a 0-d tensor and reads it
+    in the graph. The kernels load it; it promotes as the Python number it stands for."""
+    if not isinstance(tensor, Node) or tensor.shape != ():
+        raise Unsupported("item() of something other than a 0-d tensor input")
+    return b.make(Op.VIEW, (tensor,), ((), (), 0), (), tensor.dtype, meta={WEAK_SCALAR: True})

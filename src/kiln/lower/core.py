@@ -23,7 +23,9 @@ Scalar = int | float | bool
 
 
 # ----------------------------------------------------------------------------- scalars
-def constant(b: Builder, value: Scalar, dtype: torch.dtype, shape: tuple[int, ...] = ()) -> Node:
+def constant(b: Builder, value: Scalar | Node, dtype: torch.dtype, shape: tuple[int, ...] = ()) -> Node:
+    if is_weak_scalar(value):  # a number read at run time
+        return expand(b, cast(b, value, dtype), shape)
     if dtype.is_floating_point:
         value = float(value)
     elif dtype is torch.bool:
@@ -35,10 +37,25 @@ def constant(b: Builder, value: Scalar, dtype: torch.dtype, shape: tuple[int, ..
 
 def promote(*args: Node | Scalar) -> torch.dtype:
     """PyTorch's type promotion: dimensioned tensors > 0-d tensors > Python scalars."""
-    dummies = [torch.empty(() if a.shape == () else (0,), dtype=a.dtype) if isinstance(a, Node) else a
-               for a in args]
+    dummies = [_promotion_sample(a) for a in args]
     _, result = elementwise_dtypes(*dummies, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.NO_OPMATH)
     return result
+
+
+# meta key of a node that stands for a Python number read at run time: it promotes as one
+WEAK_SCALAR = "weak_scalar"
+
+
+def is_weak_scalar(v: object) -> bool:
+    return isinstance(v, Node) and bool(v.meta.get(WEAK_SCALAR))
+
+
+def _promotion_sample(a: Node | Scalar) -> torch.Tensor | Scalar:
+    if not isinstance(a, Node):
+        return a
+    if is_weak_scalar(a):  # a Python number: only its kind (bool, int, float) counts
+        return True if a.dtype is torch.bool else 1.0 if a.dtype.is_floating_point else 1
+    return torch.empty(() if a.shape == () else (0,), dtype=a.dtype)
 
 
 # ----------------------------------------------------------------------------- views
