@@ -50,6 +50,27 @@ class Options:
         return cls(**kwargs)
 
 
+# The options torch.compile(model, backend="kiln", mode=..., options={...}) hands to kiln; its
+# own fullgraph= and dynamic= act in Dynamo, before kiln, so they are not kiln's to take here.
+BACKEND_OPTIONS = ("mode", "target")
+
+
+def backend_options(mode: str | None = None, options: dict | None = None) -> Options:
+    """kiln's options from torch.compile's mode= and options=; a bad name or value is an error."""
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"torch.compile(backend='kiln', options=...) takes a dict, got {options!r}")
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(BACKEND_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown kiln option(s) {unknown} in torch.compile(options=...); kiln takes "
+                        f"{list(BACKEND_OPTIONS)} there (fullgraph and dynamic are torch.compile's own arguments)")
+    if mode is not None:
+        if "mode" in options and options["mode"] != mode:
+            raise ValueError(f"kiln option mode given twice: {mode!r} and options['mode'] = {options['mode']!r}")
+        options["mode"] = mode
+    return Options.from_kwargs(**options)
+
+
 def env_cache_dir() -> str:
     return os.environ.get("KILN_CACHE_DIR") or str(Path.home() / ".cache" / "kiln")
 

@@ -19,7 +19,7 @@ from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
 from kiln.frontend.partition import PartitionSummary, partition
 from kiln.lower.core import Unsupported
-from kiln.options import Options, env_debug
+from kiln.options import Options, backend_options, env_debug
 
 log = logging.getLogger("kiln")
 
@@ -207,9 +207,13 @@ def _or_aten(gm: fx.GraphModule, compile_fn: Callable[[], Callable]) -> Callable
         return gm.forward
 
 
-def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options | None = None) -> Callable:
-    """torch.compile(model, backend="kiln")."""
-    options = options or Options()
+def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options | dict | None = None,
+                 mode: str | None = None) -> Callable:
+    """torch.compile(model, backend="kiln"), whose mode= and options= (a dict) arrive here."""
+    if not isinstance(options, Options):
+        options = backend_options(mode, options)  # the user's arguments: an error raises
+    elif mode is not None:
+        raise TypeError("kiln_backend takes mode= only with options as a dict")
     if _symbolic(example_inputs):
         return _PerShape(gm, options)
     eager_only = eager_only_reason(gm)
