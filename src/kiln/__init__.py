@@ -49,8 +49,10 @@ def _register_backend() -> None:
 _register_backend()
 
 
-def explain(fn: Callable, *args: Any, **options: Any) -> str:
-    """Compile fn on args and describe the passes, fusion decisions and kernels."""
+def explain(fn: Callable, *args: Any, options: dict | None = None, **kwargs: Any) -> str:
+    """Compile fn with kiln (options: kiln.compile's) on args and kwargs (fn's own keyword
+    inputs, and explain's show_kernels= and show_source=); describe the passes, fusion
+    decisions and kernels. What was compiled before stays compiled."""
     from kiln.tools.explain import explain as _explain
 
-    return _explain(fn, *args, **options)
+    return _explain(fn, *args, options=options, **kwargs)

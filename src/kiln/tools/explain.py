@@ -4,6 +4,7 @@ kernels. `kiln.explain(fn, *args)` compiles fn on args and returns the text."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any, Callable
 
 import torch
 
@@ -51,15 +52,21 @@ def report_text(report: CompileReport, show_kernels: bool = False, show_source: 
     return "\n".join(lines)
 
 
-def explain(fn, *args, show_kernels: bool = True, show_source: bool = False, **options) -> str:
-    """Compile fn with kiln on args and describe every graph it produced."""
+def explain(fn: Callable, *args: Any, options: dict | None = None, show_kernels: bool = True,
+            show_source: bool = False, **kwargs: Any) -> str:
+    """Compile fn with kiln (options: kiln.compile's), run it on args and kwargs (fn's own keyword
+    inputs) and describe every graph it produced. What was compiled before stays compiled."""
     import kiln
     from kiln.frontend.backend import REPORTS
 
-    torch._dynamo.reset()
-    before = len(REPORTS)
-    kiln.compile(fn, **options)(*args)
-    reports = REPORTS[before:]
+    def run(*run_args: Any, **run_kwargs: Any) -> Any:
+        return fn(*run_args, **run_kwargs)
+
+    try:
+        with REPORTS.collect() as reports:
+            kiln.compile(run, **(options or {}))(*args, **kwargs)
+    finally:  # run's code is compiled anew by each explain: keep Dynamo's cache of it empty
+        torch._dynamo.eval_frame.remove_from_cache(run)
     if not reports:
         return "kiln compiled no graph (everything ran in eager or ATen; see the log)"
     parts = []
