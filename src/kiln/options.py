@@ -63,10 +63,12 @@ def backend_options(mode: str | None = None, options: dict | None = None) -> Opt
     unknown = sorted(set(options) - set(BACKEND_OPTIONS))
     if unknown:
         raise TypeError(f"unknown kiln option(s) {unknown} in torch.compile(options=...); kiln takes "
-                        f"{list(BACKEND_OPTIONS)} there (fullgraph and dynamic are torch.compile's own arguments)")
+                        f"{list(BACKEND_OPTIONS)} there (fullgraph and dynamic are torch.compile's own "
+                        "arguments)")
     if mode is not None:
         if "mode" in options and options["mode"] != mode:
-            raise ValueError(f"kiln option mode given twice: {mode!r} and options['mode'] = {options['mode']!r}")
+            raise ValueError(f"kiln option mode given twice: {mode!r} and options['mode'] = "
+                             f"{options['mode']!r}")
         options["mode"] = mode
     return Options.from_kwargs(**options)
 

@@ -120,8 +120,9 @@ def test_opinfo_samples_through_one_compiled_function(name):
 def test_transformers_generate_with_a_compiled_dynamic_forward():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                      max_position_embeddings=64)
     model = transformers.LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 64, (1, 5))
     with torch.no_grad():

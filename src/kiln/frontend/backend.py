@@ -104,8 +104,8 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
             if options.mode == "reduce-overhead" and device.type == "cuda":
                 from kiln.runtime.cudagraphs import CudaGraphRunner, static_input_indices
 
-                return CudaGraphRunner(fn, static_input_indices())
-            return fn
+                fn = CudaGraphRunner(fn, static_input_indices())
+            return _FirstCallChecked(fn, gm)
         except Unsupported as e:  # the graph as a whole is beyond kiln (the importer says why)
             reason = str(e)
         except Exception as e:  # noqa: BLE001 - the user's program must still run
@@ -114,6 +114,33 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
             kind, reason = "internal", f"{type(e).__name__}: {e}"
     errors.record(errors.Fallback("graph", kind, reason))
     return make_boxed_func(gm.forward)
+
+
+class _FirstCallChecked:
+    """A compiled program (boxed) whose first call, if kiln's code raises there (a kernel that
+    does not load or launch), runs the graph in ATen instead, from then on, with one warning.
+    The inputs are those the graph was traced for, so the error is kiln's, not the user's."""
+
+    _boxed_call = True
+
+    def __init__(self, fn: Callable, gm: fx.GraphModule):
+        self.fn, self.gm, self.checked = fn, gm, False
+
+    def __call__(self, args: list) -> Any:
+        if self.checked:
+            return self.fn(args)
+        kept = list(args)  # a boxed program may clear the list it is given
+        try:
+            out = self.fn(args)
+        except Exception as e:  # noqa: BLE001 - the user's program must still run
+            if env_debug():
+                raise
+            reason = f"the compiled program failed at its first call: {type(e).__name__}: {e}"
+            errors.record(errors.Fallback("graph", "internal", reason))
+            self.fn = make_boxed_func(self.gm.forward)
+            out = self.fn(kept)
+        self.checked = True
+        return out
 
 
 def _untraced(fn: Callable) -> Callable:
@@ -159,7 +186,7 @@ class _PerShape:
                     log.warning("kiln: a graph met %d shapes; further shapes run in ATen", self.SHAPE_LIMIT)
                 fn = self.compiled[key] = self.gm.forward
             else:
-                fn = self.compiled[key] = _or_aten(self.gm, lambda: _compile_shape(self.gm, args, self.options))
+                fn = self.compiled[key] = _or_aten(self.gm, _compile_shape, self.gm, args, self.options)
         return fn(*args)
 
 
@@ -220,7 +247,8 @@ class _PerValue:
         self.gm, self.options = gm, options
         self.reads = [n for n in gm.graph.nodes if n.op == "call_method" and n.target == "item"]
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.positions = [placeholders.index(n.args[0]) if n.args[0] in placeholders else -1 for n in self.reads]
+        self.positions = [placeholders.index(n.args[0]) if n.args[0] in placeholders else -1
+                          for n in self.reads]
         self.compiled: dict[tuple, Callable] = {}
 
     def __call__(self, *args: Any) -> Any:
@@ -232,19 +260,24 @@ class _PerValue:
             if len(self.compiled) >= self.VALUE_LIMIT:
                 return self.gm.forward(*args)
             gm = _inlined(self.gm, dict(zip(self.reads, values)))
-            fn = self.compiled[values] = _or_aten(self.gm, lambda: kiln_backend(gm, list(args), self.options))
+            fn = self.compiled[values] = _or_aten(self.gm, kiln_backend, gm, list(args), self.options)
         return fn(*args)
 
 
-def _or_aten(gm: fx.GraphModule, compile_fn: Callable[[], Callable]) -> Callable:
-    """compile_fn(), or, where kiln raises, gm itself (in ATen) with one warning."""
+def _or_aten(gm: fx.GraphModule, compile_fn: Callable[..., Callable], *args: Any) -> Callable:
+    """compile_fn(*args), or, where kiln raises, gm itself (in ATen) with one warning."""
     try:
-        return compile_fn()
+        return compile_fn(*args)
     except Exception as e:  # noqa: BLE001 - the user's program must still run
-        if env_debug():
-            raise
-        errors.record(errors.Fallback("graph", "internal", f"{type(e).__name__}: {e}"))
-        return gm.forward
+        return _in_aten(gm, e)
+
+
+def _in_aten(gm: fx.GraphModule, error: Exception) -> Callable:
+    """gm itself, run in ATen because kiln raised error (which KILN_DEBUG=1 raises instead)."""
+    if env_debug():
+        raise error
+    errors.record(errors.Fallback("graph", "internal", f"{type(error).__name__}: {error}"))
+    return gm.forward
 
 
 def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options | dict | None = None,
@@ -256,7 +289,10 @@ def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options
         raise TypeError("kiln_backend takes mode= only with options as a dict")
     if _symbolic(example_inputs):
         return _PerShape(gm, options)
-    eager_only = eager_only_reason(gm)
+    try:
+        eager_only = eager_only_reason(gm)
+    except Exception as e:  # noqa: BLE001 - the user's program must still run
+        return _in_aten(gm, e)
     if eager_only:
         errors.record(errors.Fallback("graph", "by design", eager_only))
         return gm.forward

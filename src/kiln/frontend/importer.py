@@ -18,6 +18,7 @@ from kiln.ir.tensor import ArgRef, Builder, Graph, Layout, Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import WEAK_SCALAR, Unsupported, cast, constant, is_weak_scalar
 from kiln.lower.registry import lookup
+from kiln.options import env_debug
 
 
 aten = torch.ops.aten
@@ -201,6 +202,8 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
         except Unsupported as e:
             reason = str(e)
         except Exception as e:  # a lowering bug must not break the user's program
+            if env_debug():
+                raise
             if reads_number:  # the lowering may not expect a number known only at run time
                 raise Unsupported(f"{name} takes a number read from a tensor at run time") from e
             reason = f"lowering failed: {type(e).__name__}: {e}"
