@@ -197,16 +197,35 @@ def _compile_shape(gm: fx.GraphModule, args: tuple, options: Options) -> Callabl
     if not _reads_scalars(gm):
         return kiln_backend(gm, list(args), options)
     specialized, kept = _with_ints_inlined(gm, args)
+    device, numbers = _numbers_to_move(gm, args)
+
+    def inputs(call_args: tuple) -> list:
+        return [call_args[i].to(device, non_blocking=True) if i in numbers else call_args[i] for i in kept]
+
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
     level = fake_log.level
     fake_log.setLevel(logging.CRITICAL)  # it logs the failure that the except clause expects
     try:
-        fn = _trace_and_compile(specialized, _trace_inputs([args[i] for i in kept]), options)
+        fn = _trace_and_compile(specialized, _trace_inputs(inputs(args)), options)
     except GuardOnDataDependentSymNode:
         return _PerValue(gm, options)
     finally:
         fake_log.setLevel(level)
-    return lambda *call_args: fn(*[call_args[i] for i in kept])
+    return lambda *call_args: fn(*inputs(call_args))
+
+
+def _numbers_to_move(gm: fx.GraphModule, args: tuple) -> tuple[torch.device | None, frozenset[int]]:
+    """Dynamo passes numbers as 0-d CPU tensors; where the graph's other tensors are on an
+    accelerator, kiln's kernels read the numbers there: the device and the positions of the
+    tensors to move to it (those the graph only reads numbers from)."""
+    devices = {a.device for a in args if isinstance(a, torch.Tensor) and a.dim() > 0}
+    if len(devices) != 1 or next(iter(devices)).type == "cpu":
+        return None, frozenset()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return next(iter(devices)), frozenset(
+        i for i, (n, a) in enumerate(zip(placeholders, args))
+        if isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu" and n.users
+        and all(u.op == "call_method" and u.target == "item" for u in n.users))
 
 
 def _reads_scalars(gm: fx.GraphModule) -> bool:
