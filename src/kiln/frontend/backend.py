@@ -221,7 +221,7 @@ def _numbers_to_move(gm: fx.GraphModule, args: tuple) -> tuple[torch.device | No
     devices = {a.device for a in args if isinstance(a, torch.Tensor) and a.dim() > 0}
     if len(devices) != 1 or next(iter(devices)).type == "cpu":
         return None, frozenset()
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = _placeholders(gm)
     return next(iter(devices)), frozenset(
         i for i, (n, a) in enumerate(zip(placeholders, args))
         if isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu" and n.users
@@ -235,16 +235,27 @@ def _reads_scalars(gm: fx.GraphModule) -> bool:
 def _with_ints_inlined(gm: fx.GraphModule, args: tuple) -> tuple[fx.GraphModule, list[int]]:
     """gm with its integer inputs (sizes, mostly) replaced by their values in args, and the
     positions of the inputs it still takes: a ShapeEnv would make those integers symbols."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    return _inlined(gm, {n: a for n, a in zip(placeholders, args) if isinstance(a, int)}), [
-        i for i, a in enumerate(args) if not isinstance(a, int)]
+    return _inlined(gm, {n: a for n, a in zip(_placeholders(gm), args) if isinstance(a, int)})
 
 
-def _inlined(gm: fx.GraphModule, values: dict[fx.Node, Any]) -> fx.GraphModule:
-    """A copy of gm whose given nodes are replaced by constant values."""
+def _placeholders(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _inlined(gm: fx.GraphModule, values: dict[fx.Node, Any]) -> tuple[fx.GraphModule, list[int]]:
+    """A copy of gm whose given nodes are replaced by constant values and which no longer takes
+    the inputs it then does not read, and the positions of the inputs it still takes."""
     graph = fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, dict(values)))
-    return fx.GraphModule(gm, graph)
+    copies = dict(values)  # graph_copy adds each node it copies, with its copy
+    graph.output(graph.graph_copy(gm.graph, copies))
+    kept = []
+    for position, node in enumerate(_placeholders(gm)):
+        copy = copies[node]
+        if isinstance(copy, fx.Node) and copy.users:
+            kept.append(position)
+        elif isinstance(copy, fx.Node):
+            graph.erase_node(copy)
+    return fx.GraphModule(gm, graph), kept
 
 
 def _trace_inputs(args: list) -> list[Any]:
@@ -265,7 +276,7 @@ class _PerValue:
     def __init__(self, gm: fx.GraphModule, options: Options):
         self.gm, self.options = gm, options
         self.reads = [n for n in gm.graph.nodes if n.op == "call_method" and n.target == "item"]
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        placeholders = _placeholders(gm)
         self.positions = [placeholders.index(n.args[0]) if n.args[0] in placeholders else -1
                           for n in self.reads]
         self.compiled: dict[tuple, Callable] = {}
@@ -274,13 +285,14 @@ class _PerValue:
         if -1 in self.positions:  # a number read from a tensor the graph computes
             return self.gm.forward(*args)
         values = tuple(args[p].item() for p in self.positions)
-        fn = self.compiled.get(values)
-        if fn is None:
+        if values not in self.compiled:
             if len(self.compiled) >= self.VALUE_LIMIT:
                 return self.gm.forward(*args)
-            gm = _inlined(self.gm, dict(zip(self.reads, values)))
-            fn = self.compiled[values] = _or_aten(self.gm, kiln_backend, gm, list(args), self.options)
-        return fn(*args)
+            gm, kept = _inlined(self.gm, dict(zip(self.reads, values)))  # the numbers' tensors go
+            fn = _or_aten(self.gm, kiln_backend, gm, [args[i] for i in kept], self.options)
+            self.compiled[values] = fn, kept
+        fn, kept = self.compiled[values]
+        return fn(*[args[i] for i in kept])
 
 
 def _or_aten(gm: fx.GraphModule, compile_fn: Callable[..., Callable], *args: Any) -> Callable:
