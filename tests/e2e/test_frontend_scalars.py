@@ -69,6 +69,19 @@ def test_symbolic_float_times_integers_rounds_as_eager(dtype):
         assert_same(compiled(x, s), f(x, s), {"rtol": 0, "atol": 0})
 
 
+def test_python_arithmetic_on_a_symbolic_float():
+    def f(x, s):
+        return torch.clamp(x, min=-s, max=s), x * -s
+
+    compiled = kiln.compile(f, dynamic=True)
+    x = randn(5, 7)
+    before = len(REPORTS)
+    for s in (0.5, 1.25):
+        assert_same(compiled(x, s), f(x, s))
+    assert len(REPORTS) == before + 1
+    assert not graph_fallbacks()
+
+
 def test_embedding_with_dynamic_true():
     emb = torch.nn.Embedding(10, 4)
     compiled = kiln.compile(emb, dynamic=True)

@@ -25,6 +25,7 @@ from kiln.options import Options, backend_options, env_debug
 
 log = logging.getLogger("kiln")
 
+
 class ReportLog:
     """The compile reports of this process, newest last, numbered from 0 in the order they were
     made: len() counts every report made so far and log[before:] gives those made since len()

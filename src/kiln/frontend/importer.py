@@ -179,6 +179,8 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
     name = str(n.target)
     if n.target is aten._local_scalar_dense.default:
         return _scalar_read(b, args[0])
+    if n.target in _NUMBER_OPS and any(is_weak_scalar(a) for a in args):
+        return _number_op(b, _NUMBER_OPS[n.target], args)
     fn = lookup(n.target)
     reads_number = any(is_weak_scalar(v) for v in tree_flatten((args, kwargs))[0])
     reason = EXTERN_BY_DESIGN.get(n.target, "no kiln lowering for this op")
@@ -223,3 +225,20 @@ def _scalar_read(b: Builder, tensor: Any) -> Node:
     if not isinstance(tensor, Node) or tensor.shape != ():
         raise Unsupported("item() of something other than a 0-d tensor input")
     return b.make(Op.VIEW, (tensor,), ((), (), 0), (), tensor.dtype, meta={WEAK_SCALAR: True})
+
+
+# Python arithmetic on numbers read at run time (e.g. -s for a float argument s)
+_NUMBER_OPS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
+               operator.neg: "neg"}
+
+
+def _number_op(b: Builder, fn: str, args: tuple) -> Node:
+    """A number computed as Python does: in double precision, or in integers where all operands
+    are integers (except true division); it promotes as a Python number too."""
+    if not all(is_weak_scalar(a) or isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
+        raise Unsupported(f"{fn} of a number read at run time and {args}")
+    floats = fn == "div" or any(isinstance(a, float) or is_weak_scalar(a) and a.dtype.is_floating_point
+                                for a in args)
+    dtype = torch.float64 if floats else torch.int64
+    operands = tuple(cast(b, a, dtype) if isinstance(a, Node) else constant(b, a, dtype) for a in args)
+    return b.make(Op.POINTWISE, operands, (fn,), (), dtype, meta={WEAK_SCALAR: True})
