@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from kiln.ir import kernel as k
+from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, FloorDiv, Mod, Sym
 from kiln.ir.kernel import compute_dtype
 
@@ -273,6 +274,8 @@ class _Renderer:
             self.emit(depth, f"{ctype(s.dtype)} {s.out} = {expr};")
         elif isinstance(s, k.Reduce):
             self.reduce_update(s, depth)
+        elif isinstance(s, k.Flag):
+            self.flag(s, depth)
         elif isinstance(s, k.Store):
             value = s.value
             if s.dtype is torch.bfloat16:  # a value rounded already keeps its upper half
@@ -282,6 +285,12 @@ class _Renderer:
             elif compute_dtype(self.types[s.value]) != s.dtype:
                 value = f"({STORAGE_TYPE[s.dtype]}){value}"
             self.emit(depth, f"{s.buf}[{render_index(s.index)}] = {value};")
+
+    def flag(self, s: k.Flag, depth: int) -> None:
+        """Threads that see an error write the same flag: relaxed atomic stores, no ordering."""
+        slot = f"{ERROR_PARAM} + {SLOTS_PER_CHECK * s.site}"
+        self.emit(depth, f"if ({s.cond}) {{ __atomic_store_n({slot}, (int64_t)1, __ATOMIC_RELAXED); "
+                         f"__atomic_store_n({slot} + 1, (int64_t){s.value}, __ATOMIC_RELAXED); }}")
 
     def reduce_update(self, s: k.Reduce, depth: int) -> None:
         v, acc = s.value, s.out

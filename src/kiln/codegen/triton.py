@@ -14,6 +14,7 @@ import torch
 
 from kiln.ir import index as ix
 from kiln.ir import kernel as k
+from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, FloorDiv, Sym
 from kiln.ir.kernel import compute_dtype
 
@@ -319,6 +320,12 @@ class _Renderer:
             self.emit(depth, f"tl.store({ptr}, {self._stored(s)}, mask={mask})")
         elif isinstance(s, k.Reduce):
             self.reduce(s, depth)
+        elif isinstance(s, k.Flag):
+            # lanes that see an error store the same flag; any one offending value will do
+            for slot, value in ((0, s.cond), (1, s.value)):
+                index = ix.as_expr(SLOTS_PER_CHECK * s.site + slot)
+                ptr, mask = self._address(ERROR_PARAM, index, s.cond, in_loop, store=True)
+                self.emit(depth, f"tl.store({ptr}, {value}.to(tl.int64), mask={mask})")
 
     def _stored(self, s: k.Store) -> str:
         """The value converted to the buffer's storage type."""
@@ -462,7 +469,7 @@ class _Renderer:
             fields["out"] = name(s.out)
         if hasattr(s, "index") and s.index is not None:
             fields["index"] = ix.substitute(s.index, {r: ix.sym(r.name + "_e", r.extent)})
-        for field in ("buf", "value", "mask"):
+        for field in ("buf", "value", "mask", "cond"):
             if getattr(s, field, None) is not None:
                 fields[field] = name(getattr(s, field))
         if isinstance(s, k.Compute):
