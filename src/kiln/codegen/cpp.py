@@ -238,6 +238,9 @@ class _Renderer:
         self.lines: list[str] = []
 
     def emit(self, depth: int, text: str) -> None:
+        if text.startswith("#pragma omp") and self.k.checks:  # every loop may see an error
+            text += "".join(f" reduction(|:{ERROR_PARAM}{i}_hit) reduction(max:{ERROR_PARAM}{i}_value)"
+                            for i in range(len(self.k.checks)))
         self.lines.append("  " * depth + text)
 
     def stmt(self, s: k.Stmt, depth: int) -> None:
@@ -287,10 +290,23 @@ class _Renderer:
             self.emit(depth, f"{s.buf}[{render_index(s.index)}] = {value};")
 
     def flag(self, s: k.Flag, depth: int) -> None:
-        """Threads that see an error write the same flag: relaxed atomic stores, no ordering."""
-        slot = f"{ERROR_PARAM} + {SLOTS_PER_CHECK * s.site}"
-        self.emit(depth, f"if ({s.cond}) {{ __atomic_store_n({slot}, (int64_t)1, __ATOMIC_RELAXED); "
-                         f"__atomic_store_n({slot} + 1, (int64_t){s.value}, __ATOMIC_RELAXED); }}")
+        """Errors are accumulated like reductions (a store under a condition would keep the
+        loop from vectorizing): whether any point saw one, and the largest offending value."""
+        hit, value = f"{ERROR_PARAM}{s.site}_hit", f"{ERROR_PARAM}{s.site}_value"
+        self.emit(depth, f"{hit} |= {s.cond};")
+        self.emit(depth, f"{value} = ({s.cond} && (int64_t){s.value} > {value}) ? (int64_t){s.value} : {value};")
+
+    def error_locals(self) -> None:
+        for site in range(len(self.k.checks)):
+            self.emit(1, f"int64_t {ERROR_PARAM}{site}_hit = 0;")
+            self.emit(1, f"int64_t {ERROR_PARAM}{site}_value = std::numeric_limits<int64_t>::min();")
+
+    def report_errors(self) -> None:
+        """One writer, after all loops: the kernel's error buffer (see kiln.ir.checks)."""
+        for site in range(len(self.k.checks)):
+            slot = SLOTS_PER_CHECK * site
+            self.emit(1, f"if ({ERROR_PARAM}{site}_hit) {{ {ERROR_PARAM}[{slot}] = 1; "
+                         f"{ERROR_PARAM}[{slot + 1}] = {ERROR_PARAM}{site}_value; }}")
 
     def reduce_update(self, s: k.Reduce, depth: int) -> None:
         v, acc = s.value, s.out
@@ -377,6 +393,7 @@ class _Renderer:
             f"{'' if p.is_output else 'const '}{STORAGE_TYPE[p.dtype]}* __restrict__ {p.name}"
             for p in kern.params)
         self.emit(0, f'extern "C" void {kern.name}({params}) {{')
+        self.error_locals()
         outer = list(kern.outer[:-1])
         blocks = (x.extent + xb - 1) // xb * kern.outer_numel // x.extent
         if kern.outer_numel * kern.reduce_numel >= PARALLEL_MIN_WORK and blocks > 1:
@@ -428,6 +445,7 @@ class _Renderer:
         for _ in range(len(outer) + 1):
             depth -= 1
             self.emit(depth, "}")
+        self.report_errors()
         self.emit(0, "}")
         return "\n".join(self.lines)
 
@@ -442,6 +460,7 @@ class _Renderer:
             if p.dtype not in STORAGE_TYPE:
                 raise CppUnsupported(f"dtype {p.dtype}")
         self.emit(0, f'extern "C" void {kern.name}({params}) {{')
+        self.error_locals()
         work = kern.outer_numel * max(kern.reduce_numel, 1)
         parallel = work >= PARALLEL_MIN_WORK and kern.outer_numel > 1
         outer = list(kern.outer)
@@ -474,6 +493,7 @@ class _Renderer:
         for _ in range(len(par_dims) + len(simd_outer)):
             depth -= 1
             self.emit(depth, "}")
+        self.report_errors()
         self.emit(0, "}")
         return "\n".join(self.lines)
 
