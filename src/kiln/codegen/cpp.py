@@ -294,7 +294,8 @@ class _Renderer:
         loop from vectorizing): whether any point saw one, and the largest offending value."""
         hit, value = f"{ERROR_PARAM}{s.site}_hit", f"{ERROR_PARAM}{s.site}_value"
         self.emit(depth, f"{hit} |= {s.cond};")
-        self.emit(depth, f"{value} = ({s.cond} && (int64_t){s.value} > {value}) ? (int64_t){s.value} : {value};")
+        offending = f"(int64_t){s.value}"
+        self.emit(depth, f"{value} = ({s.cond} && {offending} > {value}) ? {offending} : {value};")
 
     def error_locals(self) -> None:
         for site in range(len(self.k.checks)):

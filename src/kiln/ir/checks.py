@@ -23,11 +23,17 @@ class ErrorRule:
     wrap: bool = False  # index rules: negative indices count from the end (else they are errors)
 
 
-# The ATen ops that read or write through data-dependent indices, and integer division.
+# The ATen ops that read or write through data-dependent indices, and integer division (the
+# CPU kernels' messages).
 RULES: dict[str, ErrorRule] = {
     "index_select": ErrorRule(IndexError, "index out of range in self"),
+    # eager's index_select along dim 1 runs another kernel, with its own error
+    "index_select_dim1": ErrorRule(RuntimeError,
+                                   "INDICES element is out of DATA bounds, id={value} axis_dim={size}"),
     "embedding": ErrorRule(IndexError, "index out of range in self"),
-    "index": ErrorRule(IndexError, _OUT_OF_BOUNDS, wrap=True),
+    # x[i, :, j]: the dimension eager names is the index tensor's position (j: 1), not x's
+    "index": ErrorRule(IndexError, "index {value} is out of bounds for dimension {input} with size {size}",
+                       wrap=True),
     "gather": ErrorRule(RuntimeError, _OUT_OF_BOUNDS),
     "scatter": ErrorRule(RuntimeError, _OUT_OF_BOUNDS),
     "divide_by_zero": ErrorRule(RuntimeError, "ZeroDivisionError"),
@@ -37,18 +43,22 @@ RULES: dict[str, ErrorRule] = {
 @dataclass(frozen=True)
 class Check:
     """One check site of a kernel: its rule (a key of RULES), and for an index the dimension
-    and size it indexes."""
+    and size it indexes and which of the op's index tensors it comes from."""
 
     rule: str
     dim: int = 0
     size: int = 0
+    input: int = 0
 
     def error(self, value: int) -> Exception:
         rule = RULES[self.rule]
-        return rule.exception(rule.message.format(value=value, dim=self.dim, size=self.size))
+        message = rule.message.format(value=value, dim=self.dim, size=self.size, input=self.input)
+        return rule.exception(message)
 
     def __str__(self) -> str:
-        return f"{self.rule} dim {self.dim} size {self.size}" if self.rule in INDEX_RULES else self.rule
+        if self.rule not in INDEX_RULES:
+            return self.rule
+        return f"{self.rule} dim {self.dim} size {self.size} input {self.input}"
 
 
 INDEX_RULES = frozenset(RULES) - {"divide_by_zero"}

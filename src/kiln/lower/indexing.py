@@ -100,7 +100,7 @@ def _index_select(ctx: LowerCtx, x, dim, index):
     syms = [ix.as_expr(s) for s in dim_syms(shape)]
     index_map = syms[:dim] + [ix.as_expr(value_sym(0))] + syms[dim + 1:]
     idx = core.reshape(ctx.b, index, (1,) * dim + (index.numel,) + (1,) * (len(shape) - dim - 1))
-    return gather(ctx, x, index_map, [idx], shape, "index_select")
+    return gather(ctx, x, index_map, [idx], shape, "index_select_dim1" if dim == 1 else "index_select")
 
 
 @lowering(aten.gather.default)

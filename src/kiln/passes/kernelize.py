@@ -163,7 +163,9 @@ class KernelEmitter:
             for d, e in enumerate(index_map):
                 e2 = ix.substitute(e, mapping)
                 if any(s.extent is None for s in e2.symbols()):
-                    e2 = ix.as_expr(self._checked_index(e2, Check(rule, d, src.shape[d]), mask))
+                    inputs = [j for j in range(len(node.inputs) - 1) if value_sym(j) in e.symbols()]
+                    check = Check(rule, d, src.shape[d], inputs[0] if inputs else 0)
+                    e2 = ix.as_expr(self._checked_index(e2, check, mask))
                 src_index.append(e2)
             return self.value(src, tuple(src_index), mask)
         if op is Op.REDUCE:
@@ -331,7 +333,8 @@ class KernelEmitter:
         if self.checks:
             params += (k.Param(ERROR_PARAM, torch.int64, True),)
             args += (ERROR_PARAM,)
-        return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch, args, tuple(self.checks))
+        return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch, args,
+                        tuple(self.checks))
 
 
 def _positional_params(stages: tuple[k.Stage, ...], params: dict[str, k.Param]):
