@@ -191,14 +191,14 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         return f"km.floordiv_fp({a[0]}, {a[1]})" if fp else f"km.floordiv_int({a[0]}, {a[1]})"
     if fn == "truncdiv":
         if not fp:
-            return f"({a[0]} // {a[1]})"
+            return f"km.truncdiv_int({a[0]}, {a[1]})"
         low = [d for d in arg_types if d in (torch.bfloat16, torch.float16)]
         quotient = _round_to(div(a[0], a[1]), low[0]) if len(low) == len(arg_types) else div(a[0], a[1])
         return f"km.trunc({quotient})"
     if fn == "remainder":
         return f"km.remainder_fp({a[0]}, {a[1]})" if fp else f"km.remainder_int({a[0]}, {a[1]})"
     if fn == "fmod":
-        return f"({a[0]} % {a[1]})"
+        return f"({a[0]} % {a[1]})" if fp else f"km.fmod_int({a[0]}, {a[1]})"
     if fn == "pow":
         return f"km.pow({a[0]}, {a[1]})" if fp else f"km.pow_int({a[0]}, {a[1]})"
     if fn in ("atan2", "copysign") and fp:
