@@ -35,6 +35,8 @@ CASES = {
     "scatter_src": (lambda x, i: torch.scatter(x, 0, i.view(1, -1), torch.ones(1, 2)) * 2, (10, 2), [1, 3],
                     [12, -1]),
     "scatter_add": (_scatter_add, (10, 2), [1, 3], [12, -1]),
+    # its decomposition gathers the targets; -100 is ignored
+    "cross_entropy": (lambda x, t: F.cross_entropy(x, t) * 2, (2, 10), [1, -100], [10, -1]),
 }
 
 

@@ -36,6 +36,7 @@ RULES: dict[str, ErrorRule] = {
                        wrap=True),
     "gather": ErrorRule(RuntimeError, _OUT_OF_BOUNDS),
     "scatter": ErrorRule(RuntimeError, _OUT_OF_BOUNDS),
+    "nll_loss": ErrorRule(IndexError, "Target {value} is out of bounds."),  # its target, gathered
     "divide_by_zero": ErrorRule(RuntimeError, "ZeroDivisionError"),
 }
 

@@ -73,11 +73,21 @@ def _iota(ctx: LowerCtx, length, *, start, step, dtype, device, requires_grad):
     return _range(ctx, length, start, step)
 
 
+# Ops whose decompositions gather, by name (a node's original_aten may be another instance of
+# the overload), with the error eager raises for them (kiln.ir.checks.RULES).
+_DECOMPOSED_RULES = {
+    "aten.nll_loss_forward.default": "nll_loss",
+    "aten.nll_loss2d_forward.default": "nll_loss",
+}
+
+
 def gather(ctx: LowerCtx, src: Node, index_map, indices: list[Node], shape, rule: str) -> Node:
     """out[d] = src[index_map(d)], where v_k in the map is indices[k][d]; generated code checks
     each index as rule (a key of kiln.ir.checks.RULES) says, and raises as eager does."""
     b = ctx.b
     shape = tuple(shape)
+    origin = ctx.fx_node.meta.get("original_aten") if ctx.fx_node is not None else None
+    rule = _DECOMPOSED_RULES.get(str(origin), rule)
     idx_nodes = tuple(core.cast(b, core.expand(b, i, shape), torch.int64) for i in indices)
     return b.make(Op.GATHER, (src,) + idx_nodes, (tuple(index_map), rule), shape, src.dtype)
 
