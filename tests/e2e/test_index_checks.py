@@ -37,6 +37,7 @@ CASES = {
     "scatter_add": (_scatter_add, (10, 2), [1, 3], [12, -1]),
     # its decomposition gathers the targets; -100 is ignored
     "cross_entropy": (lambda x, t: F.cross_entropy(x, t) * 2, (2, 10), [1, -100], [10, -1]),
+    "take": (lambda x, i: torch.take(x, i) * 2, (5, 4), [1, -3], [20, -21, 2**40]),
 }
 
 

@@ -37,6 +37,8 @@ RULES: dict[str, ErrorRule] = {
     "gather": ErrorRule(RuntimeError, _OUT_OF_BOUNDS),
     "scatter": ErrorRule(RuntimeError, _OUT_OF_BOUNDS),
     "nll_loss": ErrorRule(IndexError, "Target {value} is out of bounds."),  # its target, gathered
+    "take": ErrorRule(IndexError, "out of range: tried to access index {value} on a tensor of {size} elements.",
+                      wrap=True),
     "divide_by_zero": ErrorRule(RuntimeError, "ZeroDivisionError"),
 }
 

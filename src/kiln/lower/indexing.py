@@ -78,6 +78,7 @@ def _iota(ctx: LowerCtx, length, *, start, step, dtype, device, requires_grad):
 _DECOMPOSED_RULES = {
     "aten.nll_loss_forward.default": "nll_loss",
     "aten.nll_loss2d_forward.default": "nll_loss",
+    "aten.take.default": "take",
 }
 
 
