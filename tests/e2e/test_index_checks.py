@@ -116,3 +116,18 @@ def test_checks_only_where_indices_come_from_data():
     kiln.compile(f)(randn(6, 3), randint(0, 6, 4), randint(0, 6, 2, seed=1))
     assert len(REPORTS) == before + 2
     assert REPORTS[-1].host_source.count("errors.any()") == 1
+
+
+def test_gather_along_split_rows():
+    """Rows of 301 gathered values, off 16-byte boundaries: Triton splits each row into an
+    aligned body and an edge, whose gathered positions are the edge's own."""
+    def f(x, i):
+        return torch.index_select(x, 1, i).softmax(-1)
+
+    x, i = randn(6, 70), randint(0, 70, 301)
+    out, _ = run_compiled(f, x, i)
+    assert_same(out, f(x, i))
+    i[300] = 70
+    expected = _eager_error(f, x, i)
+    with pytest.raises(type(expected), match=str(expected)):
+        kiln.compile(f)(x, i)

@@ -240,7 +240,7 @@ class _Renderer:
         if self.split is not None:
             row_statements = [s for st in kernel.stages if st.loop for s in st.body]
             self.row_values = {sc.name for sc in kernel.scratch} | {
-                s.out for s in row_statements if not isinstance(s, (k.Reduce, k.Store))}
+                s.out for s in row_statements if not isinstance(s, (k.Reduce, k.Store, k.Flag))}
             self.scratch |= {name + "_e" for name in self.scratch}
 
     def emit(self, depth: int, text: str) -> None:
@@ -468,7 +468,9 @@ class _Renderer:
         if hasattr(s, "out") and not isinstance(s, k.Reduce):
             fields["out"] = name(s.out)
         if hasattr(s, "index") and s.index is not None:
-            fields["index"] = ix.substitute(s.index, {r: ix.sym(r.name + "_e", r.extent)})
+            # values in an index (a gathered position) are the edge's too
+            renamed = {v: ix.sym(name(v.name), v.extent) for v in s.index.symbols() if v.name in self.row_values}
+            fields["index"] = ix.substitute(s.index, {r: ix.sym(r.name + "_e", r.extent), **renamed})
         for field in ("buf", "value", "mask", "cond"):
             if getattr(s, field, None) is not None:
                 fields[field] = name(getattr(s, field))
