@@ -469,7 +469,8 @@ class _Renderer:
             fields["out"] = name(s.out)
         if hasattr(s, "index") and s.index is not None:
             # values in an index (a gathered position) are the edge's too
-            renamed = {v: ix.sym(name(v.name), v.extent) for v in s.index.symbols() if v.name in self.row_values}
+            renamed = {v: ix.sym(name(v.name), v.extent) for v in s.index.symbols()
+                       if v.name in self.row_values}
             fields["index"] = ix.substitute(s.index, {r: ix.sym(r.name + "_e", r.extent), **renamed})
         for field in ("buf", "value", "mask", "cond"):
             if getattr(s, field, None) is not None:
