@@ -25,6 +25,9 @@ GENERATE = textwrap.dedent('''
         yield lambda a, w, b: F.layer_norm(a, (1021,), w, b), (xo.float(), wo.float(), wo.float() * 0.5)
         idx = torch.randint(0, 50, (4, 7))
         yield lambda w, i: torch.cat([w[i], F.pad(w[i], (1, 1))[..., 1:-1]], -1), (torch.randn(50, 16), idx)
+        for dt in (torch.int64, torch.int32, torch.uint8):  # integer divisions and their checks
+            a, b = torch.randint(0, 100, (64,), dtype=dt), torch.randint(1, 9, (64,), dtype=dt)
+            yield lambda a, b: (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc")), (a, b)
 
     kernels = []
     for fn, args in graphs():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from kiln.ir import kernel as k
+from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, FloorDiv, Mod, Sym
 from kiln.ir.kernel import compute_dtype
 
@@ -237,6 +238,9 @@ class _Renderer:
         self.lines: list[str] = []
 
     def emit(self, depth: int, text: str) -> None:
+        if text.startswith("#pragma omp") and self.k.checks:  # every loop may see an error
+            text += "".join(f" reduction(|:{ERROR_PARAM}{i}_hit) reduction(max:{ERROR_PARAM}{i}_value)"
+                            for i in range(len(self.k.checks)))
         self.lines.append("  " * depth + text)
 
     def stmt(self, s: k.Stmt, depth: int) -> None:
@@ -273,6 +277,8 @@ class _Renderer:
             self.emit(depth, f"{ctype(s.dtype)} {s.out} = {expr};")
         elif isinstance(s, k.Reduce):
             self.reduce_update(s, depth)
+        elif isinstance(s, k.Flag):
+            self.flag(s, depth)
         elif isinstance(s, k.Store):
             value = s.value
             if s.dtype is torch.bfloat16:  # a value rounded already keeps its upper half
@@ -282,6 +288,26 @@ class _Renderer:
             elif compute_dtype(self.types[s.value]) != s.dtype:
                 value = f"({STORAGE_TYPE[s.dtype]}){value}"
             self.emit(depth, f"{s.buf}[{render_index(s.index)}] = {value};")
+
+    def flag(self, s: k.Flag, depth: int) -> None:
+        """Errors are accumulated like reductions (a store under a condition would keep the
+        loop from vectorizing): whether any point saw one, and the largest offending value."""
+        hit, value = f"{ERROR_PARAM}{s.site}_hit", f"{ERROR_PARAM}{s.site}_value"
+        self.emit(depth, f"{hit} |= {s.cond};")
+        offending = f"(int64_t){s.value}"
+        self.emit(depth, f"{value} = ({s.cond} && {offending} > {value}) ? {offending} : {value};")
+
+    def error_locals(self) -> None:
+        for site in range(len(self.k.checks)):
+            self.emit(1, f"int64_t {ERROR_PARAM}{site}_hit = 0;")
+            self.emit(1, f"int64_t {ERROR_PARAM}{site}_value = std::numeric_limits<int64_t>::min();")
+
+    def report_errors(self) -> None:
+        """One writer, after all loops: the kernel's error buffer (see kiln.ir.checks)."""
+        for site in range(len(self.k.checks)):
+            slot = SLOTS_PER_CHECK * site
+            self.emit(1, f"if ({ERROR_PARAM}{site}_hit) {{ {ERROR_PARAM}[{slot}] = 1; "
+                         f"{ERROR_PARAM}[{slot + 1}] = {ERROR_PARAM}{site}_value; }}")
 
     def reduce_update(self, s: k.Reduce, depth: int) -> None:
         v, acc = s.value, s.out
@@ -368,6 +394,7 @@ class _Renderer:
             f"{'' if p.is_output else 'const '}{STORAGE_TYPE[p.dtype]}* __restrict__ {p.name}"
             for p in kern.params)
         self.emit(0, f'extern "C" void {kern.name}({params}) {{')
+        self.error_locals()
         outer = list(kern.outer[:-1])
         blocks = (x.extent + xb - 1) // xb * kern.outer_numel // x.extent
         if kern.outer_numel * kern.reduce_numel >= PARALLEL_MIN_WORK and blocks > 1:
@@ -419,6 +446,7 @@ class _Renderer:
         for _ in range(len(outer) + 1):
             depth -= 1
             self.emit(depth, "}")
+        self.report_errors()
         self.emit(0, "}")
         return "\n".join(self.lines)
 
@@ -433,6 +461,7 @@ class _Renderer:
             if p.dtype not in STORAGE_TYPE:
                 raise CppUnsupported(f"dtype {p.dtype}")
         self.emit(0, f'extern "C" void {kern.name}({params}) {{')
+        self.error_locals()
         work = kern.outer_numel * max(kern.reduce_numel, 1)
         parallel = work >= PARALLEL_MIN_WORK and kern.outer_numel > 1
         outer = list(kern.outer)
@@ -465,6 +494,7 @@ class _Renderer:
         for _ in range(len(par_dims) + len(simd_outer)):
             depth -= 1
             self.emit(depth, "}")
+        self.report_errors()
         self.emit(0, "}")
         return "\n".join(self.lines)
 

@@ -32,8 +32,13 @@ static inline float kiln_round_f16(float f) { return (float)(_Float16)f; }
 template <typename T> static inline T kiln_maximum(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
 template <typename T> static inline T kiln_minimum(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
 
+// Integer division as eager computes it. Divisors 0 and -1 never reach a division: by 0 it
+// traps (the host raises; the kernel's result is 0), and the smallest int64 by -1 overflows
+// and traps, where eager returns the smallest integer again (its negation, wrapped).
+static inline int64_t kiln_negate_wrapped(int64_t a) { return (int64_t)(0 - (uint64_t)a); }
 static inline int64_t kiln_floordiv(int64_t a, int64_t b) {
   if (b == 0) return 0;
+  if (b == -1) return kiln_negate_wrapped(a);
   int64_t q = a / b;
   return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
@@ -47,9 +52,11 @@ template <typename T> static inline T kiln_floordiv_fp(T a, T b) {
   else fl = std::copysign(T(0), a / b);
   return fl;
 }
-static inline int64_t kiln_truncdiv(int64_t a, int64_t b) { return b == 0 ? 0 : a / b; }
+static inline int64_t kiln_truncdiv(int64_t a, int64_t b) {
+  return b == 0 ? 0 : (b == -1 ? kiln_negate_wrapped(a) : a / b);
+}
 static inline int64_t kiln_remainder(int64_t a, int64_t b) {
-  if (b == 0) return 0;
+  if (b == 0 || b == -1) return 0;
   int64_t r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
@@ -57,7 +64,7 @@ template <typename T> static inline T kiln_remainder_fp(T a, T b) {
   T r = std::fmod(a, b);
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
-static inline int64_t kiln_fmod(int64_t a, int64_t b) { return b == 0 ? 0 : a % b; }
+static inline int64_t kiln_fmod(int64_t a, int64_t b) { return (b == 0 || b == -1) ? 0 : a % b; }
 static inline int64_t kiln_pow(int64_t a, int64_t b) {
   if (b < 0) return (a == 1) ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
   int64_t r = 1;

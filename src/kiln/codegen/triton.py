@@ -14,6 +14,7 @@ import torch
 
 from kiln.ir import index as ix
 from kiln.ir import kernel as k
+from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, FloorDiv, Sym
 from kiln.ir.kernel import compute_dtype
 
@@ -190,14 +191,14 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         return f"km.floordiv_fp({a[0]}, {a[1]})" if fp else f"km.floordiv_int({a[0]}, {a[1]})"
     if fn == "truncdiv":
         if not fp:
-            return f"({a[0]} // {a[1]})"
+            return f"km.truncdiv_int({a[0]}, {a[1]})"
         low = [d for d in arg_types if d in (torch.bfloat16, torch.float16)]
         quotient = _round_to(div(a[0], a[1]), low[0]) if len(low) == len(arg_types) else div(a[0], a[1])
         return f"km.trunc({quotient})"
     if fn == "remainder":
         return f"km.remainder_fp({a[0]}, {a[1]})" if fp else f"km.remainder_int({a[0]}, {a[1]})"
     if fn == "fmod":
-        return f"({a[0]} % {a[1]})"
+        return f"({a[0]} % {a[1]})" if fp else f"km.fmod_int({a[0]}, {a[1]})"
     if fn == "pow":
         return f"km.pow({a[0]}, {a[1]})" if fp else f"km.pow_int({a[0]}, {a[1]})"
     if fn in ("atan2", "copysign") and fp:
@@ -239,7 +240,7 @@ class _Renderer:
         if self.split is not None:
             row_statements = [s for st in kernel.stages if st.loop for s in st.body]
             self.row_values = {sc.name for sc in kernel.scratch} | {
-                s.out for s in row_statements if not isinstance(s, (k.Reduce, k.Store))}
+                s.out for s in row_statements if not isinstance(s, (k.Reduce, k.Store, k.Flag))}
             self.scratch |= {name + "_e" for name in self.scratch}
 
     def emit(self, depth: int, text: str) -> None:
@@ -319,6 +320,12 @@ class _Renderer:
             self.emit(depth, f"tl.store({ptr}, {self._stored(s)}, mask={mask})")
         elif isinstance(s, k.Reduce):
             self.reduce(s, depth)
+        elif isinstance(s, k.Flag):
+            # lanes that see an error store the same flag; any one offending value will do
+            for slot, value in ((0, s.cond), (1, s.value)):
+                index = ix.as_expr(SLOTS_PER_CHECK * s.site + slot)
+                ptr, mask = self._address(ERROR_PARAM, index, s.cond, in_loop, store=True)
+                self.emit(depth, f"tl.store({ptr}, {value}.to(tl.int64), mask={mask})")
 
     def _stored(self, s: k.Store) -> str:
         """The value converted to the buffer's storage type."""
@@ -461,8 +468,11 @@ class _Renderer:
         if hasattr(s, "out") and not isinstance(s, k.Reduce):
             fields["out"] = name(s.out)
         if hasattr(s, "index") and s.index is not None:
-            fields["index"] = ix.substitute(s.index, {r: ix.sym(r.name + "_e", r.extent)})
-        for field in ("buf", "value", "mask"):
+            # values in an index (a gathered position) are the edge's too
+            renamed = {v: ix.sym(name(v.name), v.extent) for v in s.index.symbols()
+                       if v.name in self.row_values}
+            fields["index"] = ix.substitute(s.index, {r: ix.sym(r.name + "_e", r.extent), **renamed})
+        for field in ("buf", "value", "mask", "cond"):
             if getattr(s, field, None) is not None:
                 fields[field] = name(getattr(s, field))
         if isinstance(s, k.Compute):

@@ -271,12 +271,38 @@ else:
         return tl.where(neg, -tl.abs(x), tl.abs(x))
 
 
+# Integer division as eager computes it. Divisors 0 and -1 never reach a division: by 0 it is
+# undefined (the host raises; the kernel's result is 0), and the smallest integer by -1
+# overflows, where eager returns the smallest integer again (its negation, wrapped).
+@triton.jit
+def _minus_one(b):
+    return (b < 0) & (b == -1)  # an unsigned 255 is no -1
+
+
+@triton.jit
+def _divisor(b):
+    return tl.where((b == 0) | _minus_one(b), 1, b)
+
+
+@triton.jit
+def truncdiv_int(a, b):
+    q = tl.where(_minus_one(b), -a, a // _divisor(b))
+    return tl.where(b == 0, 0, q)
+
+
 # Python's floor division and remainder (the sign follows the divisor), as eager computes them.
 @triton.jit
 def floordiv_int(a, b):
-    q = a // b
-    fix = ((a % b) != 0) & ((a < 0) != (b < 0))
-    return q - fix.to(q.dtype)
+    d = _divisor(b)
+    q = a // d
+    fix = ((a % d) != 0) & ((a < 0) != (d < 0))
+    q = tl.where(_minus_one(b), -a, q - fix.to(q.dtype))
+    return tl.where(b == 0, 0, q)
+
+
+@triton.jit
+def fmod_int(a, b):
+    return a % _divisor(b)  # 0 where b is 0 or -1
 
 
 # max/min combines for float reductions: NaN propagates, as in eager
@@ -329,8 +355,9 @@ def pow_int(a, b):
 
 @triton.jit
 def remainder_int(a, b):
-    r = a % b
-    return r + tl.where((r != 0) & ((r < 0) != (b < 0)), b, 0)
+    d = _divisor(b)
+    r = a % d  # 0 where b is 0 or -1
+    return r + tl.where((r != 0) & ((r < 0) != (d < 0)), d, 0)
 
 
 @triton.jit

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK, Check
 from kiln.ir.kernel import Kernel
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.passes.fusion import KernelPlan, Schedule
@@ -85,6 +86,32 @@ def _restride(t: torch.Tensor, stride: tuple[int, ...], dtype: torch.dtype | Non
     return out
 
 
+def _raise_reported(errors: torch.Tensor, checks: list[Check]) -> None:
+    """Raise what the first check that reported an error says, as eager would have."""
+    for check, (flag, value) in zip(checks, errors.view(-1, SLOTS_PER_CHECK).tolist()):
+        if flag:
+            raise check.error(value)
+
+
+def _error_checks(schedule: Schedule, kernels: dict[int, Kernel]) -> tuple[list[Check], dict[int, int]]:
+    """The checks of all launched kernels in launch order, and where each kernel's part of the
+    program's error buffer starts (in int64 slots)."""
+    checks: list[Check] = []
+    offsets: dict[int, int] = {}
+    for step in schedule.steps:
+        kern = kernels.get(id(step)) if isinstance(step, KernelPlan) else None
+        if kern is not None and kern.checks and kern.outer_numel > 0:
+            offsets[id(step)] = SLOTS_PER_CHECK * len(checks)
+            checks.extend(kern.checks)
+    return checks, offsets
+
+
+def _error_arg(kern: Kernel, offset: int, pass_pointers: bool) -> str:
+    if pass_pointers:
+        return f"errors.data_ptr() + {offset * 8}"
+    return f"errors[{offset}:{offset + SLOTS_PER_CHECK * len(kern.checks)}]"
+
+
 def _checked_layout(name: str, stride: tuple, dtype: torch.dtype) -> str:
     return (f"    if {name}.stride() != {stride} or {name}.dtype != {dtype}: "
             f"{name} = restride({name}, {stride}, {dtype})")
@@ -100,6 +127,10 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
     if names:
         lines.append(f"    {', '.join(names)}, = args")
     lines.append("    args.clear()")
+    checks, error_offsets = _error_checks(schedule, kernels)
+    if checks:
+        g.update(zeros=torch.zeros, raise_reported=_raise_reported, checks=checks)
+        lines.append(f"    errors = zeros({SLOTS_PER_CHECK * len(checks)}, dtype=torch.int64, device=device)")
 
     # Last step at which each buffer is read, to free or reuse it afterwards.
     outputs = set(graph.output_nodes())
@@ -161,13 +192,17 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                 alloc(root)
             if kern.outer_numel > 0:  # an empty output needs no kernel
                 g[kern.name] = None  # filled in with the compiled function
+                buffers = [a for a in kern.args if a != ERROR_PARAM]
                 if pass_pointers:
-                    ptrs = ", ".join(f"{a}.data_ptr()" for a in kern.args)
-                    lines.append(f"    {kern.name}({ptrs})")
-                elif any(_may_be_unaligned(by_name[a]) for a in kern.args):
-                    lines.append(f"    {kern.name}({', '.join(kern.args)})")
+                    ptrs = [f"{a}.data_ptr()" for a in buffers]
                 else:
-                    lines.append(f"    {kern.name}.aligned({', '.join(kern.args)})")
+                    ptrs = list(buffers)
+                if kern.checks:
+                    ptrs.append(_error_arg(kern, error_offsets[id(step)], pass_pointers))
+                if pass_pointers or any(_may_be_unaligned(by_name[a]) for a in buffers):
+                    lines.append(f"    {kern.name}({', '.join(ptrs)})")
+                else:
+                    lines.append(f"    {kern.name}.aligned({', '.join(ptrs)})")
         elif step.op is Op.EXTERN:
             argnames = []
             for i in step.inputs:
@@ -219,6 +254,12 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             rets.append(g_name)
         if isinstance(o, Node):
             returned.add(o)
+    if checks:
+        # one read of the errors per call, after all launches: on a GPU reading it waits for
+        # every kernel (it cannot be recorded into a CUDA graph, whose replays go unchecked)
+        capturing = "not torch.cuda.is_current_stream_capturing() and " if device.type == "cuda" else ""
+        lines.append(f"    if {capturing}errors.any():")
+        lines.append("        raise_reported(errors, checks)")
     lines.append(f"    return [{', '.join(rets)}]")
     if use_arena and slots:
         g["arena_for_thread"] = _arena(slots, device)

@@ -13,6 +13,7 @@ from typing import Union
 
 import torch
 
+from kiln.ir.checks import Check
 from kiln.ir.index import Expr, Sym
 from kiln.ir.tensor import dtype_name
 
@@ -80,7 +81,18 @@ class Store:
     dtype: torch.dtype  # the buffer's storage dtype
 
 
-Stmt = Union[Load, Const, IndexValue, InBounds, Compute, Reduce, Store]
+@dataclass(frozen=True)
+class Flag:
+    """Where cond holds, report check `site` of the kernel (Kernel.checks) with `value` to the
+    host, which raises after the launches (ir/checks.py). The kernel goes on: whatever reads
+    the offending value must be made safe by the statements around this one."""
+
+    cond: str
+    value: str
+    site: int
+
+
+Stmt = Union[Load, Const, IndexValue, InBounds, Compute, Reduce, Store, Flag]
 
 
 @dataclass(frozen=True)
@@ -114,6 +126,8 @@ class Kernel:
     stages: tuple[Stage, ...]
     scratch: tuple[Scratch, ...] = ()
     args: tuple[str, ...] = ()  # the host program's buffer passed for each param
+    # what each Flag site reports; a kernel with checks takes its error buffer as its last param
+    checks: tuple[Check, ...] = ()
 
     @property
     def outer_numel(self) -> int:
@@ -152,6 +166,8 @@ def only_stored(kernel: Kernel) -> set[str]:
                 used.add(s.value)
             elif isinstance(s, Load) and s.mask is not None:
                 used.add(s.mask)
+            elif isinstance(s, Flag):
+                used.update((s.cond, s.value))
             elif isinstance(s, Store) and (s.buf in scratch or s.dtype != dtypes.get(s.value)):
                 used.add(s.value)
             index = getattr(s, "index", None)
@@ -198,6 +214,8 @@ def _stmt_str(s: Stmt) -> str:
     if isinstance(s, Reduce):
         at = f" at {s.index}" if s.index is not None else ""
         return f"{s.out} = reduce.{s.kind}({s.value}){at}"
+    if isinstance(s, Flag):
+        return f"flag {s.site} if {s.cond} with {s.value}"
     return f"store {s.buf}[{s.index}] = {s.value}"
 
 
@@ -207,6 +225,8 @@ def kernel_str(k: Kernel) -> str:
     lines = [f"kernel {k.name}({params})", f"  outer: {dims(k.outer) or '()'}"]
     if k.reduce:
         lines.append(f"  reduce: {dims(k.reduce)}")
+    for i, check in enumerate(k.checks):
+        lines.append(f"  check {i}: {check}")
     for sc in k.scratch:
         lines.append(f"  scratch {sc.name}: {dtype_name(sc.dtype)}[{k.reduce_numel}]")
     for i, st in enumerate(k.stages):

@@ -22,7 +22,8 @@ class Op(enum.Enum):
     IOTA = "iota"  # attrs: (dim, start, step): start + step * index[dim]
     POINTWISE = "pointwise"  # attrs: (fn,) applied element by element to same-shaped inputs
     VIEW = "view"  # attrs: (index_map, valid, fill): out[i] = src[map(i)] if valid(i) else fill
-    GATHER = "gather"  # attrs: (index_map,) map may use symbols v0.. = inputs[1..][i]
+    GATHER = "gather"  # attrs: (index_map, rule) map may use v0.. = inputs[1..][i], checked by the
+    #                     rule (ir/checks.py) of the op it lowers
     REDUCE = "reduce"  # attrs: (kind, axes): reduce inputs[0] over axes (dropped)
     EXTERN = "extern"  # attrs: (target, args, kwargs, layouts, reason, single): an ATen call
     ITEM = "item"  # attrs: (k,): the k-th result of a multi-output EXTERN
@@ -120,7 +121,7 @@ def _attr_str(node: Node) -> str:
             text += f" if {conds} else {fill}"
         return text
     if node.op is Op.GATHER:
-        return "[" + ", ".join(map(str, a[0])) + "]"
+        return "[" + ", ".join(map(str, a[0])) + f"] checked as {a[1]}"
     if node.op is Op.EXTERN:
         return f"{a[0]}"
     if node.op is Op.INPUT:

@@ -73,12 +73,24 @@ def _iota(ctx: LowerCtx, length, *, start, step, dtype, device, requires_grad):
     return _range(ctx, length, start, step)
 
 
-def gather(ctx: LowerCtx, src: Node, index_map, indices: list[Node], shape) -> Node:
-    """out[d] = src[index_map(d)], where v_k in the map is indices[k][d] (negatives wrap)."""
+# Ops whose decompositions gather, by name (a node's original_aten may be another instance of
+# the overload), with the error eager raises for them (kiln.ir.checks.RULES).
+_DECOMPOSED_RULES = {
+    "aten.nll_loss_forward.default": "nll_loss",
+    "aten.nll_loss2d_forward.default": "nll_loss",
+    "aten.take.default": "take",
+}
+
+
+def gather(ctx: LowerCtx, src: Node, index_map, indices: list[Node], shape, rule: str) -> Node:
+    """out[d] = src[index_map(d)], where v_k in the map is indices[k][d]; generated code checks
+    each index as rule (a key of kiln.ir.checks.RULES) says, and raises as eager does."""
     b = ctx.b
     shape = tuple(shape)
+    origin = ctx.fx_node.meta.get("original_aten") if ctx.fx_node is not None else None
+    rule = _DECOMPOSED_RULES.get(str(origin), rule)
     idx_nodes = tuple(core.cast(b, core.expand(b, i, shape), torch.int64) for i in indices)
-    return b.make(Op.GATHER, (src,) + idx_nodes, (tuple(index_map),), shape, src.dtype)
+    return b.make(Op.GATHER, (src,) + idx_nodes, (tuple(index_map), rule), shape, src.dtype)
 
 
 @lowering(aten.embedding.default)
@@ -87,7 +99,7 @@ def _embedding(ctx: LowerCtx, weight, indices, padding_idx=-1, scale_grad_by_fre
     syms = dim_syms(shape)
     index_map = [ix.as_expr(value_sym(0))] + [ix.as_expr(s) for s in syms[len(indices.shape):]]
     idx = core.reshape(ctx.b, indices, indices.shape + (1,) * (len(weight.shape) - 1))
-    return gather(ctx, weight, index_map, [idx], shape)
+    return gather(ctx, weight, index_map, [idx], shape, "embedding")
 
 
 @lowering(aten.index_select.default)
@@ -99,7 +111,7 @@ def _index_select(ctx: LowerCtx, x, dim, index):
     syms = [ix.as_expr(s) for s in dim_syms(shape)]
     index_map = syms[:dim] + [ix.as_expr(value_sym(0))] + syms[dim + 1:]
     idx = core.reshape(ctx.b, index, (1,) * dim + (index.numel,) + (1,) * (len(shape) - dim - 1))
-    return gather(ctx, x, index_map, [idx], shape)
+    return gather(ctx, x, index_map, [idx], shape, "index_select_dim1" if dim == 1 else "index_select")
 
 
 @lowering(aten.gather.default)
@@ -110,7 +122,7 @@ def _gather(ctx: LowerCtx, x, dim, index, *, sparse_grad=False):
     shape = index.shape
     syms = [ix.as_expr(s) for s in dim_syms(shape)]
     index_map = syms[:dim] + [ix.as_expr(value_sym(0))] + syms[dim + 1:]
-    return gather(ctx, x, index_map, [index], shape)
+    return gather(ctx, x, index_map, [index], shape, "gather")
 
 
 @lowering(aten.index.Tensor)
@@ -140,7 +152,7 @@ def _index(ctx: LowerCtx, x, indices):
         i = core.expand(ctx.b, i, bshape)
         i = core.reshape(ctx.b, i, (1,) * nb + bshape + (1,) * len(rest_after))
         idx_nodes.append(i)
-    return gather(ctx, x, index_map, idx_nodes, shape)
+    return gather(ctx, x, index_map, idx_nodes, shape, "index")
 
 
 @lowering(aten.scatter.value, aten.scatter.src)
@@ -157,6 +169,11 @@ def _scatter(ctx: LowerCtx, x, dim, index, src):
         if src.shape != index.shape:
             raise Unsupported("scatter from a source larger than its index")
         src = core.expand(ctx.b, src, x.shape)
+    # the index read through a gather of the positions along dim: the same value, checked
+    along = tuple(n if d == dim else 1 for d, n in enumerate(x.shape))
+    positions = ctx.b.make(Op.IOTA, (), (dim, 0, 1), along, torch.int64)
+    index_map = [ix.as_expr(value_sym(0)) if d == dim else ix.as_expr(0) for d in range(len(along))]
+    index = gather(ctx, positions, index_map, [index], index.shape, "scatter")
     position = ctx.b.make(Op.IOTA, (), (dim, 0, 1), x.shape, torch.int64)
     hit = core.pointwise(ctx.b, "eq", position, core.expand(ctx.b, index, x.shape))
     return core.pointwise(ctx.b, "where", hit, src, x, out_dtype=ctx.out_dtype)

@@ -13,10 +13,15 @@ import torch
 
 from kiln.ir import index as ix
 from kiln.ir import kernel as k
+from kiln.ir.checks import ERROR_PARAM, RULES, Check
 from kiln.ir.index import Expr, Sym
 from kiln.ir.kernel import compute_dtype
 from kiln.ir.tensor import Node, Op, dim_syms, value_sym
 from kiln.passes.fusion import FusionMismatch, KernelPlan, reductions_below
+
+
+# Integer divisions eager raises on when the divisor is zero.
+INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
 
 
 class _StageBuilder:
@@ -52,6 +57,7 @@ class KernelEmitter:
         # buffers the kernel loads; the values it stores it recomputes where it reads them
         self.read_buffers = self.buffer_names.keys() - set(plan.roots)
         self.keep_loaded_rows = keep_loaded_rows
+        self.checks: list[Check] = []  # what each Flag site reports
 
     # ------------------------------------------------------------------ helpers
     def _tmp(self) -> str:
@@ -124,6 +130,8 @@ class KernelEmitter:
             return out
         if op is Op.POINTWISE:
             args = tuple(self.value(i, index, mask) for i in node.inputs)
+            if node.fn in INTEGER_DIVISIONS and not node.dtype.is_floating_point:
+                self._check_divisor(args[1], mask)
             out = self._tmp()
             self._emit(k.Compute(out, node.fn, args, node.dtype))
             return out
@@ -145,32 +153,57 @@ class KernelEmitter:
             self._emit(k.Compute(out, "where", (cond, v, filler), node.dtype))
             return out
         if op is Op.GATHER:
-            (index_map,) = node.attrs
+            index_map, rule = node.attrs
             src = node.inputs[0]
             mapping: dict[Sym, Expr] = dict(zip(dim_syms(node.shape), index))
             for j, idx_node in enumerate(node.inputs[1:]):
                 v = self.value(idx_node, index, mask)
                 mapping[value_sym(j)] = ix.as_expr(Sym(v))
-            # negative indices count from the end, as in eager
             src_index = []
             for d, e in enumerate(index_map):
                 e2 = ix.substitute(e, mapping)
                 if any(s.extent is None for s in e2.symbols()):
-                    e2 = ix.as_expr(Sym(self._wrap(e2, src.shape[d])))
+                    inputs = [j for j in range(len(node.inputs) - 1) if value_sym(j) in e.symbols()]
+                    check = Check(rule, d, src.shape[d], inputs[0] if inputs else 0)
+                    e2 = ix.as_expr(self._checked_index(e2, check, mask))
                 src_index.append(e2)
             return self.value(src, tuple(src_index), mask)
         if op is Op.REDUCE:
             return self._reduction(node, index)
         raise FusionMismatch(node, f"cannot inline {op.value} into a kernel")
 
-    def _wrap(self, e: Expr, size: int) -> str:
+    def _checked_index(self, e: Expr, check: Check, mask: str | None) -> Sym:
+        """e as an index into a dimension of check.size, negatives counted from the end where
+        the rule says so. Out of range, it is reported to the host (where mask holds) and
+        read as 0, so that no access leaves the buffer."""
         raw = self._tmp()
         self._emit(k.IndexValue(raw, e))
-        neg = self._binary("lt", raw, self._const(0, torch.int64), torch.bool)
-        shifted = self._binary("add", raw, self._const(size, torch.int64), torch.int64)
+        zero = self._const(0, torch.int64)
+        index = raw
+        if RULES[check.rule].wrap:
+            neg = self._binary("lt", raw, zero, torch.bool)
+            shifted = self._binary("add", raw, self._const(check.size, torch.int64), torch.int64)
+            index = self._tmp()
+            self._emit(k.Compute(index, "where", (neg, shifted, raw), torch.int64))
+        below = self._binary("lt", index, zero, torch.bool)
+        above = self._binary("ge", index, self._const(check.size, torch.int64), torch.bool)
+        outside = self._binary("logical_or", below, above, torch.bool)
+        self._flag(outside, raw, check, mask)
         out = self._tmp()
-        self._emit(k.Compute(out, "where", (neg, shifted, raw), torch.int64))
-        return out
+        self._emit(k.Compute(out, "where", (outside, zero, index), torch.int64))
+        return Sym(out, check.size) if check.size > 0 else Sym(out)
+
+    def _check_divisor(self, divisor: str, mask: str | None) -> None:
+        """An integer division by zero is reported to the host (the renderers' divisions
+        return 0 there instead of trapping)."""
+        zero = self._binary("eq", divisor, self._const(0, torch.int64), torch.bool)
+        self._flag(zero, divisor, Check("divide_by_zero"), mask)
+
+    def _flag(self, cond: str, value: str, check: Check, mask: str | None) -> None:
+        if mask is not None:  # a masked-off point reads nothing and computes on zeros
+            cond = self._binary("logical_and", cond, mask, torch.bool)
+        self.checks.append(check)
+        self._emit(k.Flag(cond, value, len(self.checks) - 1))
 
     def _const(self, value, dtype) -> str:
         key = ("const", value, dtype)
@@ -297,7 +330,11 @@ class KernelEmitter:
             stages += (k.Stage(True, tuple(final.body)),)
         stages, scratch = _drop_unread_scratch(stages, tuple(self.scratch.values()))
         stages, params, args = _positional_params(stages, self.params)
-        return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch, args)
+        if self.checks:
+            params += (k.Param(ERROR_PARAM, torch.int64, True),)
+            args += (ERROR_PARAM,)
+        return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch, args,
+                        tuple(self.checks))
 
 
 def _positional_params(stages: tuple[k.Stage, ...], params: dict[str, k.Param]):

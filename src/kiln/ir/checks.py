@@ -1,0 +1,69 @@
+"""Run-time checks of generated code: what a kernel reports, and what the host raises then.
+
+A kernel cannot raise. Where eager would (an index out of range, an integer division by
+zero), it writes into its error buffer and goes on without touching memory outside its
+buffers; the host program reads the errors once after all launches and raises as eager does.
+The error buffer holds two int64 per check: a flag, and one offending value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_OUT_OF_BOUNDS = "index {value} is out of bounds for dimension {dim} with size {size}"
+
+
+@dataclass(frozen=True)
+class ErrorRule:
+    """What eager raises for one kind of check: the exception and its message (formatted with
+    the offending value, the dimension and its size)."""
+
+    exception: type[Exception]
+    message: str
+    wrap: bool = False  # index rules: negative indices count from the end (else they are errors)
+
+
+# The ATen ops that read or write through data-dependent indices, and integer division (the
+# CPU kernels' messages).
+RULES: dict[str, ErrorRule] = {
+    "index_select": ErrorRule(IndexError, "index out of range in self"),
+    # eager's index_select along dim 1 runs another kernel, with its own error
+    "index_select_dim1": ErrorRule(RuntimeError,
+                                   "INDICES element is out of DATA bounds, id={value} axis_dim={size}"),
+    "embedding": ErrorRule(IndexError, "index out of range in self"),
+    # x[i, :, j]: the dimension eager names is the index tensor's position (j: 1), not x's
+    "index": ErrorRule(IndexError, "index {value} is out of bounds for dimension {input} with size {size}",
+                       wrap=True),
+    "gather": ErrorRule(RuntimeError, _OUT_OF_BOUNDS),
+    "scatter": ErrorRule(RuntimeError, _OUT_OF_BOUNDS),
+    "nll_loss": ErrorRule(IndexError, "Target {value} is out of bounds."),  # its target, gathered
+    "take": ErrorRule(IndexError, "out of range: tried to access index {value} on a tensor of {size} elements.",
+                      wrap=True),
+    "divide_by_zero": ErrorRule(RuntimeError, "ZeroDivisionError"),
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check site of a kernel: its rule (a key of RULES), and for an index the dimension
+    and size it indexes and which of the op's index tensors it comes from."""
+
+    rule: str
+    dim: int = 0
+    size: int = 0
+    input: int = 0
+
+    def error(self, value: int) -> Exception:
+        rule = RULES[self.rule]
+        message = rule.message.format(value=value, dim=self.dim, size=self.size, input=self.input)
+        return rule.exception(message)
+
+    def __str__(self) -> str:
+        if self.rule not in INDEX_RULES:
+            return self.rule
+        return f"{self.rule} dim {self.dim} size {self.size} input {self.input}"
+
+
+INDEX_RULES = frozenset(RULES) - {"divide_by_zero"}
+ERROR_PARAM = "err"  # the kernel parameter of its error buffer
+SLOTS_PER_CHECK = 2  # flag, value: 16 bytes, so that every kernel's part stays 16-byte aligned
