@@ -1,0 +1,30 @@
+"""Long floating-point sums split into chunks of at most MAX_SUM_CHUNK terms
+(passes/split_reductions.py), whatever their parallelism, padding an extent no chunk count
+divides."""
+
+import math
+
+import torch
+
+from kiln.ir.tensor import Op
+from kiln.passes.split_reductions import MAX_SUM_CHUNK, split_reductions
+from planning import tensor_graph
+
+
+def _sum_extents(graph) -> list[int]:
+    return [math.prod(n.inputs[0].shape[a] for a in n.attrs[1]) for n in graph.nodes
+            if n.op is Op.REDUCE and n.attrs[0] == "sum"]
+
+
+def test_a_long_sum_over_a_prime_extent_is_padded_and_split_in_chunks():
+    n = 200_003  # prime: no chunk count divides it
+    graph, split = split_reductions(tensor_graph(lambda x: x.sum(0), torch.randn(n, 3)), 0, 64)
+    extents = _sum_extents(graph)
+    assert split >= 1 and len(extents) == 2 and max(extents) <= MAX_SUM_CHUNK
+    assert math.prod(extents) >= n
+
+
+def test_sums_of_integers_and_short_sums_are_not_split():
+    graph = tensor_graph(lambda x, i: (x.sum(-1), i.sum(0)), torch.randn(8, 4096),
+                         torch.randint(0, 9, (200_003,)))
+    assert split_reductions(graph, 0, 64)[1] == 0
