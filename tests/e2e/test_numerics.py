@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import run_compiled
+from conftest import check, run_compiled
 
 INTERPRETED = os.environ.get("KILN_TARGET") == "triton"
 
@@ -63,3 +63,33 @@ def test_a_sum_of_more_than_2_to_the_31_terms_neither_stalls_nor_overflows():
     (total, mean), _ = run_compiled(lambda x: ((x * 2).sum(), (x * 2).mean()), x)
     assert total.item() == torch.tensor(2.0 * n, dtype=torch.float32).item()
     assert mean.item() == 2.0
+
+
+def _ints(dtype: torch.dtype, n: int = 64) -> torch.Tensor:
+    if dtype is torch.bool:
+        return torch.rand(n) < 0.5
+    low, high = (0, 250) if dtype is torch.uint8 else (-100, 100)
+    return torch.randint(low, high, (n,), dtype=dtype)
+
+
+@pytest.mark.parametrize("alpha", [-1, 0, 2, True, False])
+def test_bool_add_with_alpha_converts_alpha_to_bool_first(alpha):
+    """Eager computes a + bool(alpha) * b on bool tensors: alpha=-1 is True, not a subtraction."""
+    check(lambda a, b: (torch.add(a, b, alpha=alpha), torch.add(a, a, alpha=alpha)), _ints(torch.bool),
+          _ints(torch.bool), expect_native=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
+def test_integer_alpha_and_value_scalars_wrap_as_in_eager(dtype):
+    def f(a, b, c, m):
+        return (torch.add(a, b, alpha=3), torch.sub(a, b, alpha=-7), torch.rsub(a, b, alpha=2),
+                torch.addcmul(a, b, c, value=3), a * -1, a - 3, torch.add(a, m, alpha=-1), m + 2)
+
+    check(f, _ints(dtype), _ints(dtype), _ints(dtype), _ints(torch.bool), expect_native=True)
+
+
+@pytest.mark.parametrize("value", [0.5, 2.7, -1.5])
+def test_integer_addcmul_with_a_float_value_compiles_and_truncates_it(value):
+    """Eager converts value to the integer type (0.5 -> 0); PyTorch's decomposition raises."""
+    check(lambda a, b, c: torch.addcmul(a, b, c, value=value) * 2, _ints(torch.int64), _ints(torch.int64),
+          _ints(torch.int64), expect_native=True)
