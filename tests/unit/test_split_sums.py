@@ -28,3 +28,15 @@ def test_sums_of_integers_and_short_sums_are_not_split():
     graph = tensor_graph(lambda x, i: (x.sum(-1), i.sum(0)), torch.randn(8, 4096),
                          torch.randint(0, 9, (200_003,)))
     assert split_reductions(graph, 0, 64)[1] == 0
+
+
+def test_cpp_sums_long_rows_in_blocks_with_64_bit_counters():
+    from kiln.codegen import cpp
+    from planning import plan
+
+    _, (row,) = plan(lambda x: x.sum(-1), torch.randn(4, 3 * cpp.SUM_BLOCK + 5))
+    _, (column,) = plan(lambda x: x.sum(0), torch.randn(3 * cpp.SUM_BLOCK + 5, 70))
+    for kernel in (row, column):
+        source = cpp.render_kernel(kernel)
+        assert f"+= {cpp.SUM_BLOCK})" in source and "_block" in source, source
+        assert "for (int " not in source and "int32_t" not in source  # counts may pass 2**31
