@@ -5,10 +5,11 @@ divides."""
 import math
 
 import torch
+from planning import plan, tensor_graph
 
+from kiln.codegen import cpp
 from kiln.ir.tensor import Op
 from kiln.passes.split_reductions import MAX_SUM_CHUNK, split_reductions
-from planning import tensor_graph
 
 
 def _sum_extents(graph) -> list[int]:
@@ -31,9 +32,6 @@ def test_sums_of_integers_and_short_sums_are_not_split():
 
 
 def test_cpp_sums_long_rows_in_blocks_with_64_bit_counters():
-    from kiln.codegen import cpp
-    from planning import plan
-
     _, (row,) = plan(lambda x: x.sum(-1), torch.randn(4, 3 * cpp.SUM_BLOCK + 5))
     _, (column,) = plan(lambda x: x.sum(0), torch.randn(3 * cpp.SUM_BLOCK + 5, 70))
     for kernel in (row, column):
