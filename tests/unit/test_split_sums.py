@@ -1,6 +1,6 @@
 """Long floating-point sums split into chunks of at most MAX_SUM_CHUNK terms
 (passes/split_reductions.py), whatever their parallelism, padding an extent no chunk count
-divides."""
+divides; C++ kernels add each block of SUM_BLOCK terms into a fresh partial sum."""
 
 import math
 
