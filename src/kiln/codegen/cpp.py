@@ -19,6 +19,10 @@ from kiln.ir.kernel import compute_dtype
 ROW_SCRATCH_LIMIT = 16384
 COLUMN_BLOCK = 64  # neighbouring outputs a column reduction computes together
 
+# A floating-point sum adds this many terms (per SIMD lane: a sixteenth) into a fresh partial
+# sum, then the partial into its total: a running sum's rounding error grows with its length.
+SUM_BLOCK = 1024
+
 # Below this many points per kernel, threads cost more than they save.
 PARALLEL_MIN_WORK = 1 << 15
 
@@ -214,9 +218,15 @@ def _reduce_init(kind: str, t: torch.dtype) -> str:
 _OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&"}
 
 
-def _simd_pragma(reductions: list[k.Reduce]) -> str:
-    """SIMD over the innermost reduction loop, accumulators as OpenMP reductions.
-    argmax/argmin keep a sequential first-index rule, so their loops stay scalar."""
+def _blocked_sums(reductions: list[k.Reduce]) -> list[k.Reduce]:
+    """The floating-point sums, which accumulate each block of SUM_BLOCK terms apart."""
+    return [r for r in reductions if r.kind == "sum" and compute_dtype(r.dtype).is_floating_point]
+
+
+def _simd_pragma(reductions: list[k.Reduce], renamed: dict[str, str]) -> str:
+    """SIMD over the innermost reduction loop, accumulators (renamed: their block partials)
+    as OpenMP reductions. argmax/argmin keep a sequential first-index rule, so their loops
+    stay scalar."""
     if any(r.kind in ("argmax", "argmin") for r in reductions):
         return "// sequential: first index wins"
     pragma = "#pragma omp simd"
@@ -224,7 +234,7 @@ def _simd_pragma(reductions: list[k.Reduce]) -> str:
         op = _OMP_REDUCTION[r.kind]
         if r.kind in ("max", "min") and compute_dtype(r.dtype) is torch.bool:
             op = "||" if r.kind == "max" else "&&"
-        pragma += f" reduction({op}:{r.out})"
+        pragma += f" reduction({op}:{renamed.get(r.out, r.out)})"
         if r.kind in ("max", "min") and compute_dtype(r.dtype).is_floating_point:
             pragma += f" reduction(|:{r.out}_nan)"
     return pragma
@@ -236,6 +246,7 @@ class _Renderer:
         self.types: dict[str, torch.dtype] = {}
         self.rounded_bf16: set[str] = set()  # values held as floats that are bf16 values already
         self.lines: list[str] = []
+        self.block_partial: dict[str, str] = {}  # a sum's accumulator -> its block partial, in a block
 
     def emit(self, depth: int, text: str) -> None:
         if text.startswith("#pragma omp") and self.k.checks:  # every loop may see an error
@@ -310,7 +321,7 @@ class _Renderer:
                          f"{ERROR_PARAM}[{slot + 1}] = {ERROR_PARAM}{site}_value; }}")
 
     def reduce_update(self, s: k.Reduce, depth: int) -> None:
-        v, acc = s.value, s.out
+        v, acc = s.value, self.block_partial.get(s.out, s.out)
         if s.kind == "sum":
             self.emit(depth, f"{acc} += {v};")
         elif s.kind == "prod":
@@ -359,23 +370,44 @@ class _Renderer:
         for r in reductions:
             self.reduce_init(r, depth)
         syms = self.k.reduce
-        for i, sym in enumerate(syms):
-            if i == len(syms) - 1:
-                self.emit(depth + i, _simd_pragma(reductions))
+        sums = _blocked_sums(reductions) if self.k.reduce_numel > SUM_BLOCK else []
+        self.block_partial = {r.out: f"{r.out}_block" for r in sums}
+        for i, sym in enumerate(syms[:-1]):
             self.emit(depth + i, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
-        inner = depth + len(syms)
+        inner = depth + len(syms) - 1
+        last = syms[-1]
+        start, stop = "0", str(last.extent)
+        if sums:  # the innermost loop in blocks, each summed into fresh partials
+            block = f"{last.name}_block"
+            self.emit(inner, f"for (int64_t {block} = 0; {block} < {last.extent}; {block} += {SUM_BLOCK}) {{")
+            inner += 1
+            for r in sums:
+                self.emit(inner, f"{ctype(compute_dtype(r.dtype))} {r.out}_block = 0;")
+            start, stop = block, f"std::min<int64_t>({block} + {SUM_BLOCK}, {last.extent})"
+        self.emit(inner, _simd_pragma(reductions, self.block_partial))
+        self.emit(inner, f"for (int64_t {last.name} = {start}; {last.name} < {stop}; ++{last.name}) {{")
         for s in stage.body:
-            self.stmt(s, inner)
-        for i in reversed(range(len(syms))):
+            self.stmt(s, inner + 1)
+        self.emit(inner, "}")
+        if sums:
+            for r in sums:
+                self.emit(inner, f"{r.out} += {r.out}_block;")
+            inner -= 1
+            self.emit(inner, "}")
+        self.block_partial = {}
+        for i in reversed(range(len(syms) - 1)):
             self.emit(depth + i, "}")
         for r in reductions:
             self.reduce_finish(r, depth)
 
     # -------------------------------------------------------------- column reductions
-    def _column_values(self, names: list[tuple[str, str]], depth: int, by_reference: bool) -> None:
-        """Bind the per-column accumulators of the current block point (xi) to their names."""
+    def _column_values(self, names: list[tuple[str, str]], depth: int, by_reference: bool,
+                       array: dict[str, str] | None = None) -> None:
+        """Bind the per-column accumulators of the current block point (xi) to their names
+        (array: those held in another array than name_col)."""
         for name, t in names:
-            self.emit(depth, f"{t}{'&' if by_reference else ''} {name} = {name}_col[xi];")
+            source = (array or {}).get(name, f"{name}_col")
+            self.emit(depth, f"{t}{'&' if by_reference else ''} {name} = {source}[xi];")
 
     def _column_accumulators(self, s: k.Reduce) -> list[tuple[str, str]]:
         t = ctype(compute_dtype(s.dtype))
@@ -420,21 +452,46 @@ class _Renderer:
                     self.emit(depth, f"{ctyp} {name}_col[{xb}];")
                     self.emit(depth, f"for (int64_t xi = 0; xi < xn; ++xi) {name}_col[xi] = {init};")
             inner = depth
+            sums = _blocked_sums(reductions) if stage.loop and kern.reduce_numel > SUM_BLOCK else []
+            partials = {r.out: f"{r.out}_block" for r in sums}
             if stage.loop:
-                for sym in kern.reduce:
+                for sym in kern.reduce[:-1]:
                     self.emit(inner, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
                     inner += 1
+                last = kern.reduce[-1]
+                start, stop = "0", str(last.extent)
+                if sums:  # rows in blocks, each summed into fresh partials
+                    block = f"{last.name}_block"
+                    self.emit(inner, f"for (int64_t {block} = 0; {block} < {last.extent}; "
+                                     f"{block} += {SUM_BLOCK}) {{")
+                    inner += 1
+                    for r in sums:
+                        self.emit(inner, f"{ctype(compute_dtype(r.dtype))} {r.out}_block[{xb}];")
+                        self.emit(inner, f"for (int64_t xi = 0; xi < xn; ++xi) {r.out}_block[xi] = 0;")
+                    start, stop = block, f"std::min<int64_t>({block} + {SUM_BLOCK}, {last.extent})"
+                self.emit(inner, f"for (int64_t {last.name} = {start}; {last.name} < {stop}; "
+                                 f"++{last.name}) {{")
+                inner += 1
             self.emit(inner, "#pragma omp simd")
             self.emit(inner, block_loop)
             self.emit(inner + 1, f"const int64_t {x.name} = xb + xi;")
             self._column_values(finished, inner + 1, by_reference=False)
-            self._column_values(accumulators, inner + 1, by_reference=True)
+            self._column_values(accumulators, inner + 1, by_reference=True, array=partials)
             for s in stage.body:
                 self.stmt(s, inner + 1)
             self.emit(inner, "}")
-            for _ in kern.reduce if stage.loop else ():
+            if stage.loop:
                 inner -= 1
                 self.emit(inner, "}")
+                if sums:
+                    for r in sums:
+                        self.emit(inner, f"for (int64_t xi = 0; xi < xn; ++xi) "
+                                         f"{r.out}_col[xi] += {r.out}_block[xi];")
+                    inner -= 1
+                    self.emit(inner, "}")
+                for _ in kern.reduce[:-1]:
+                    inner -= 1
+                    self.emit(inner, "}")
             if any(r.kind in ("max", "min") for r in reductions):
                 self.emit(depth, block_loop)
                 self._column_values(accumulators, depth + 1, by_reference=True)

@@ -81,8 +81,9 @@ def literal(value, dtype: torch.dtype) -> str:
     elif t.is_floating_point:
         v = float(value)
         v = f'float("{v}")' if v != v or v in (float("inf"), float("-inf")) else repr(v)
-    else:
-        v = str(int(value))
+    else:  # wrapped into the dtype's range, as eager wraps it (uint8 -7 is 249)
+        info = torch.iinfo(t)
+        v = str((int(value) - info.min) % (info.max - info.min + 1) + info.min)
     return f"tl.full([1], {v}, {tl_type(t)})"
 
 

@@ -42,6 +42,17 @@ def _gelu_tanh_only(decomposition):
     return gelu
 
 
+def _integer_value_truncated(decomposition):
+    """addcmul on integers: eager converts value to the integer type (0.5 -> 0, truncating as
+    a C++ cast does), where PyTorch's decomposition rejects a float value."""
+    def addcmul(self, tensor1, tensor2, *, value=1):
+        dtype = functools.reduce(torch.promote_types, (self.dtype, tensor1.dtype, tensor2.dtype))
+        if isinstance(value, float) and not (dtype.is_floating_point or dtype.is_complex):
+            value = bool(value) if dtype is torch.bool else int(value)
+        return decomposition(self, tensor1, tensor2, value=value)
+    return addcmul
+
+
 def _batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
     """PyTorch's own decomposition goes through the mutating _native_batch_norm_legit, which
     AOTAutograd rejects below functionalization; the functional helper computes the same."""
@@ -55,6 +66,7 @@ def decomposition_table() -> dict:
     table.update(get_decompositions(DECOMPOSE))
     table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_no_training
     table[aten.gelu.default] = _gelu_tanh_only(table[aten.gelu.default])
+    table[aten.addcmul.default] = _integer_value_truncated(table[aten.addcmul.default])
     for op in KEEP:
         table.pop(op, None)
     return table

@@ -6,7 +6,7 @@ import torch
 
 from kiln.ir.tensor import Node
 from kiln.lower.context import LowerCtx
-from kiln.lower.core import Unsupported, cast, constant, pointwise
+from kiln.lower.core import Unsupported, cast, constant, pointwise, promote
 from kiln.lower.registry import lowering
 
 aten = torch.ops.aten
@@ -87,8 +87,11 @@ def _rsub(ctx: LowerCtx, a, b, alpha=1):
 
 
 def _plus_scaled(ctx: LowerCtx, fn: str, a, b, alpha):
-    """a + alpha * b (or a - alpha * b). For a low-precision result eager rounds the scalars
-    to its dtype, computes in float32 and rounds once (not alpha * b on its own)."""
+    """a + alpha * b (or a - alpha * b). Eager converts alpha to the operands' dtype first (on
+    bool, -1 is True). For a low-precision result eager rounds the scalars to its dtype,
+    computes in float32 and rounds once (not alpha * b on its own)."""
+    if promote(a, b) is torch.bool:
+        alpha = bool(alpha)
     if alpha == 1:
         return pointwise(ctx.b, fn, a, b, out_dtype=ctx.out_dtype)
     low = ctx.out_dtype

@@ -10,6 +10,12 @@ second, small step:
 The first step still fuses whatever produces x. Only reductions whose partial results
 combine exactly as the whole does are split (sum, prod, max, min, any, all: not argmax);
 bf16/f16 sums keep float32 partials, so the result is rounded once, as eager rounds it.
+
+A floating-point sum longer than MAX_SUM_CHUNK is split whatever its parallelism, into
+chunks of at most that many terms (the sum of the partials splits again when they are
+that many): a kernel accumulates its terms in a few running sums, whose rounding error
+grows with their length (2**25 + 2 == 2**25 in float32), while eager and Inductor sum in
+blocks. An extent that no chunk count divides is padded with zeros.
 """
 
 from __future__ import annotations
@@ -19,22 +25,21 @@ import math
 import torch
 
 from kiln.ir.tensor import Builder, Graph, Node, Op
-from kiln.lower.core import cast, reshape
+from kiln.lower.core import cast, pad, reshape
 from kiln.passes.simplify import simplify
 
 SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
 MIN_EXTENT = 2048  # shorter reductions are not worth a second step
 MIN_CHUNK = 256  # elements each partial result reduces, at least
+MAX_SUM_CHUNK = 1 << 16  # terms of a floating-point sum one partial result adds, at most
 
 
 def split_reductions(graph: Graph, busy_programs: int, column_block: int) -> tuple[Graph, int]:
     """Split every long reduction that would run fewer than busy_programs / 2 programs into
-    enough partial results to run about busy_programs; returns the new graph and how many
-    split. A reduction over the last axis runs a program per output; one over other axes
-    (a column reduction), a program per column_block outputs."""
-    if busy_programs <= 0:
-        return graph, 0
-
+    enough partial results to run about busy_programs (0: none), and every floating-point sum
+    longer than MAX_SUM_CHUNK into chunks; returns the new graph and how many split. A
+    reduction over the last axis runs a program per output; one over other axes (a column
+    reduction), a program per column_block outputs."""
     def rule(b: Builder, n: Node) -> Node | None:
         return _split(b, n, busy_programs, column_block)
 
@@ -50,16 +55,26 @@ def _split(b: Builder, n: Node, busy_programs: int, column_block: int) -> Node |
     x = n.inputs[0]
     extent = math.prod(x.shape[a] for a in axes)
     programs = n.numel if axes[-1] == len(x.shape) - 1 else math.ceil(n.numel / column_block)
-    if programs * 2 > busy_programs or extent < MIN_EXTENT:
+    long_sum = kind == "sum" and n.dtype.is_floating_point and extent > MAX_SUM_CHUNK
+    idle = 0 < programs * 2 <= busy_programs and extent >= MIN_EXTENT
+    if not (idle or long_sum):
         return None
     first = axes[0]
     if list(axes) == list(range(first, first + len(axes))):  # adjacent: merge them first
         x = reshape(b, x, x.shape[:first] + (extent,) + x.shape[first + len(axes):])
         axes = (first,)
-    chunks = _chunks(x.shape[first], min(math.ceil(busy_programs / programs), extent // MIN_CHUNK))
+    length = x.shape[first]
+    chunks = 1
+    if idle:
+        chunks = _chunks(length, min(math.ceil(busy_programs / programs), extent // MIN_CHUNK))
+    if long_sum and extent // chunks > MAX_SUM_CHUNK:
+        chunks = _chunks_at_least(length, math.ceil(extent / MAX_SUM_CHUNK))
     if chunks < 2:
         return None
-    split_shape = x.shape[:first] + (chunks, x.shape[first] // chunks) + x.shape[first + 1:]
+    chunk = -(-length // chunks)
+    if chunk * chunks != length:  # zeros pad the last chunk
+        x = pad(b, x, [0, 0] * (len(x.shape) - 1 - first) + [0, chunk * chunks - length], 0)
+    split_shape = x.shape[:first] + (chunks, chunk) + x.shape[first + 1:]
     x = reshape(b, x, split_shape)
     inner_axes = (first + 1,) + tuple(a + 1 for a in axes[1:])
     # low-precision sums and products keep float32 partials (max, min, any, all are exact)
@@ -72,6 +87,16 @@ def _split(b: Builder, n: Node, busy_programs: int, column_block: int) -> Node |
     # the axes before the first reduced one are all kept: the chunk axis follows them
     total = b.make(Op.REDUCE, (partial,), (kind, (first,)), n.shape, partial_dtype)
     return cast(b, total, n.dtype)
+
+
+def _chunks_at_least(extent: int, wanted: int) -> int:
+    """A chunk count of at least wanted (at most extent): a divisor of extent up to twice
+    wanted, else wanted itself (the extent is then padded)."""
+    wanted = min(wanted, extent)
+    for s in range(wanted, min(2 * wanted, extent) + 1):
+        if extent % s == 0:
+            return s
+    return wanted
 
 
 def _chunks(extent: int, wanted: int) -> int:

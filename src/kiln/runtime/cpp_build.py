@@ -25,7 +25,10 @@ from kiln.runtime.cache import atomic_write, cache_dir, compiler_version, conten
 # GCC's tuning for the AVX-512 Xeon we measured (-march=native: rocketlake) keeps vectors at 256
 # bits; 512 made a 20-op element-wise chain 3x faster there (glibc's 16-lane exp and tanh).
 # Without AVX-512 it is moot.
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC"]
+# -ffp-contract=off: eager rounds every product before adding it, and g++ would otherwise fuse
+# a*b - c into one fma whose result differs (a*b - (a*b) is then the product's rounding error).
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno",
+         "-fno-trapping-math", "-ffp-contract=off", "-fPIC"]
 LIBS = ["-lmvec", "-lm"]
 PRELUDE = Path(__file__).resolve().parent.parent / "codegen" / "cpp_prelude.h"
 

@@ -206,10 +206,13 @@ def _aligned_attr(target: tuple) -> list:
 
 
 def _options(num_warps: int) -> dict:
-    """Compile options, with the debug settings Triton's JIT would add from the environment."""
+    """Compile options, with the debug settings Triton's JIT would add from the environment.
+    No fp fusion: eager rounds every op's result, so a*b - c must not become one fma (where c
+    is a*b's own rounded value, x - mean over one element, the fma leaves the rounding error);
+    the math helpers that want fma ask for it (tl.fma)."""
     from triton import knobs
 
-    return {"num_warps": num_warps, "debug": bool(knobs.runtime.debug),
+    return {"num_warps": num_warps, "debug": bool(knobs.runtime.debug), "enable_fp_fusion": False,
             "instrumentation_mode": knobs.compilation.instrumentation_mode}
 
 
