@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from kiln.ir import index as ix
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, dim_syms
+from kiln.passes.layout import same_strides
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,11 @@ def _store_base_of_view(n: Node, stored: dict[Node, str], aliases: dict[Node, Al
     if newly_stored:
         stored[base] = f"viewed by %{n.id}, which is then passed on without a copy"
     alias = _affine_view_of_buffer(n, stored, layouts)
-    if alias is not None and want_stride is not None and alias.stride != tuple(want_stride):
-        alias = None
+    if alias is not None and want_stride is not None:
+        # the same elements as eager's view, with eager's strides exactly (also those of
+        # dimensions of size 1): a backward compiled for them reads the output with them
+        same = same_strides(n.shape, alias.stride, tuple(want_stride))
+        alias = Alias(alias.base, alias.shape, tuple(want_stride), alias.offset) if same else None
     if alias is None:
         if newly_stored:
             del stored[base]
