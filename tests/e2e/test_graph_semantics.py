@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import TOLERANCE
 
 import kiln
-from conftest import TOLERANCE
 from kiln import errors
 from kiln.frontend.backend import compile_aten_graph
 from kiln.frontend.decompositions import decomposition_table
@@ -58,7 +58,7 @@ def check_semantics(fn, *inputs, grad: bool = True) -> None:
         expected = _run(fn, inputs, grad)
         actual = _run(compiled, inputs, grad)
         tol = TOLERANCE[torch.float32]
-        for (name, a, e) in zip(("outputs", "layout", "gradients", "inputs after the call"), actual, expected):
+        for name, a, e in zip(("outputs", "layout", "gradients", "inputs after the call"), actual, expected):
             if name == "layout":
                 assert a == e, f"{name}: kiln {a}, eager {e}"
             elif e is not None:
@@ -66,7 +66,7 @@ def check_semantics(fn, *inputs, grad: bool = True) -> None:
                     if ek is None:
                         assert ak is None
                     else:
-                        torch.testing.assert_close(ak, ek, **tol, msg=lambda m: f"{name}: {m}")
+                        torch.testing.assert_close(ak, ek, **tol, msg=lambda m, name=name: f"{name}: {m}")
     graph_fallbacks = [f for f in list(errors.FALLBACKS)[before:] if f.scope == "graph"]
     assert not graph_fallbacks, graph_fallbacks
 
@@ -79,8 +79,10 @@ def check_graph_outputs(fn, *inputs) -> int:
 
     def compiler(gm, example_inputs):
         compiled = compile_aten_graph(gm, example_inputs, Options())
-        metas = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-                 for n in gm.graph.find_nodes(op="output")[0].args[0]]
+        metas = [
+            n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+            for n in gm.graph.find_nodes(op="output")[0].args[0]
+        ]
 
         def run(args):
             outs = compiled(args)
@@ -98,8 +100,9 @@ def check_graph_outputs(fn, *inputs) -> int:
     from torch._functorch.aot_autograd import aot_function
 
     inputs = [x.detach().clone().requires_grad_(k == 0) for k, x in enumerate(inputs)]
-    outs = aot_function(fn, fw_compiler=compiler, bw_compiler=compiler,
-                        decompositions=decomposition_table())(*inputs)
+    outs = aot_function(fn, fw_compiler=compiler, bw_compiler=compiler, decompositions=decomposition_table())(
+        *inputs
+    )
     outs = outs if isinstance(outs, (tuple, list)) else [outs]
     sum((o * torch.randn_like(o)).sum() for o in outs if o.requires_grad).backward()
     return len(checked)

@@ -38,12 +38,12 @@ def is_non_overlapping(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
 class Layouts:
     def __init__(self, graph: Graph):
         self._out: dict[Node, tuple[int, ...]] = {}
+        # eager's strides, gaps included (a strided view's), so that the buffer returned
+        # and the tensors saved for a backward have exactly those
         for node, stride in zip(graph.outputs, graph.output_strides or []):
-            if isinstance(node, Node) and stride is not None and node not in self._out:
-                # eager's strides, gaps included (a strided view's), so that the buffer
-                # returned and the tensors saved for a backward have exactly those
-                if len(stride) == len(node.shape) and is_non_overlapping(node.shape, stride):
-                    self._out[node] = tuple(stride)
+            if (isinstance(node, Node) and stride is not None and node not in self._out
+                    and len(stride) == len(node.shape) and is_non_overlapping(node.shape, stride)):
+                self._out[node] = tuple(stride)
 
     def __call__(self, n: Node) -> tuple[int, ...] | None:
         if n.op is Op.INPUT:
