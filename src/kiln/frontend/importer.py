@@ -14,6 +14,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln import errors
+from kiln.frontend.effects import has_side_effects
 from kiln.ir.tensor import ArgRef, Builder, Graph, Layout, Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import Unsupported, cast, constant
@@ -21,6 +22,7 @@ from kiln.lower.registry import lookup
 
 
 aten = torch.ops.aten
+_EFFECTFUL = "has side effects (an assert, a print, a mutation, a random draw, a wait): runs in ATen"
 _VENDOR = "runs in ATen by design: vendor BLAS/DNN kernels win here"
 EXTERN_BY_DESIGN = {op: _VENDOR for op in (
     aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
@@ -38,7 +40,7 @@ def _layouts(val: Any) -> tuple:
     return (None,)
 
 
-def _extern(b: Builder, target, args, kwargs, val, reason: str) -> Node:
+def _extern(b: Builder, target, args, kwargs, val, reason: str, effectful: bool = False) -> Node:
     inputs: list[Node] = []
 
     def ref(a):
@@ -54,7 +56,7 @@ def _extern(b: Builder, target, args, kwargs, val, reason: str) -> Node:
     shape = tuple(val.shape) if single else ()
     dtype = val.dtype if single else torch.float32
     attrs = (target, args_t, kwargs_t, layouts, reason, single)
-    return b.make(Op.EXTERN, tuple(inputs), attrs, shape, dtype)
+    return b.make(Op.EXTERN, tuple(inputs), attrs, shape, dtype, {"effectful": True} if effectful else None)
 
 
 def _check(result: Node, val: torch.Tensor, b: Builder) -> Node:
@@ -176,6 +178,9 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
     name = str(n.target)
     fn = lookup(n.target)
     reason = EXTERN_BY_DESIGN.get(n.target, "no kiln lowering for this op")
+    effectful = has_side_effects(n)
+    if effectful:  # kernels have no effects: it runs in ATen, where the program order puts it
+        fn, reason = None, _EFFECTFUL
     if fn is not None and _touches_complex(args, kwargs, val):
         fn, reason = None, "complex tensors are not lowered"
     if fn is not None:
@@ -199,7 +204,7 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
             reason = f"lowering failed: {type(e).__name__}: {e}"
             errors.record(errors.Fallback("op", "internal", reason, name))
     if name not in fallbacks and not reason.startswith("lowering failed"):
-        kind = "by design" if n.target in EXTERN_BY_DESIGN else "unsupported"
+        kind = "by design" if n.target in EXTERN_BY_DESIGN or effectful else "unsupported"
         errors.record(errors.Fallback("op", kind, reason, name))
     fallbacks[name] = reason
-    return _extern(b, n.target, args, kwargs, val, reason)
+    return _extern(b, n.target, args, kwargs, val, reason, effectful)
