@@ -86,3 +86,17 @@ def test_long_chain_through_torch_compile():
     _no_graph_fallback(before)
     torch.testing.assert_close(actual, expected, **TOLERANCE[torch.float32])
     torch.testing.assert_close(xk.grad, xe.grad, **TOLERANCE[torch.float32])
+
+
+def test_lowering_that_unrolls_a_dimension_runs_in_aten():
+    def first_row_doubled(x):
+        return x.split(1)[0] * 2
+
+    torch.manual_seed(0)
+    x = torch.randn(1500, 3)
+    torch._dynamo.reset()
+    before = len(errors.FALLBACKS)
+    torch.testing.assert_close(kiln.compile(first_row_doubled)(x), first_row_doubled(x))
+    reasons = [f.reason for f in list(errors.FALLBACKS)[before:] if f.op == "aten.split_with_sizes.default"]
+    assert reasons and "proportional to a tensor's size" in reasons[0], reasons
+    _no_graph_fallback(before)

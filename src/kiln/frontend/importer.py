@@ -15,13 +15,16 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln import errors
 from kiln.frontend.effects import has_side_effects
-from kiln.ir.tensor import ArgRef, Builder, Graph, Layout, Node, Op
+from kiln.ir.tensor import ArgRef, Builder, Graph, GraphGrowthLimit, Layout, Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import Unsupported, cast, constant
 from kiln.lower.registry import lookup
 
 
 aten = torch.ops.aten
+# The most nodes one ATen call may lower to: a lowering that loops over a dimension's extent
+# (unbind, split into many pieces) would otherwise unroll data-sized work into the source.
+NODES_PER_OP_LIMIT = 1024
 _EFFECTFUL = "has side effects (an assert, a print, a mutation, a random draw, a wait): runs in ATen"
 _VENDOR = "runs in ATen by design: vendor BLAS/DNN kernels win here"
 EXTERN_BY_DESIGN = {op: _VENDOR for op in (
@@ -189,6 +192,7 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
                        n, device)
         try:
             first_new = len(b.nodes)
+            b.limit_growth(NODES_PER_OP_LIMIT)
             result = fn(ctx, *args, **kwargs)
             missing = {m.fn for m in b.nodes[first_new:] if m.op is Op.POINTWISE} & unsupported_fns
             if missing:
@@ -198,11 +202,13 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
             if isinstance(val, (tuple, list)) and isinstance(result, (tuple, list)):
                 return tuple(_check(r, v, b) for r, v in zip(result, val))
             return result
-        except Unsupported as e:
+        except (Unsupported, GraphGrowthLimit) as e:
             reason = str(e)
         except Exception as e:  # a lowering bug must not break the user's program
             reason = f"lowering failed: {type(e).__name__}: {e}"
             errors.record(errors.Fallback("op", "internal", reason, name))
+        finally:
+            b.limit_growth(None)
     if name not in fallbacks and not reason.startswith("lowering failed"):
         kind = "by design" if n.target in EXTERN_BY_DESIGN or effectful else "unsupported"
         errors.record(errors.Fallback("op", kind, reason, name))
