@@ -52,3 +52,27 @@ def test_scan_source_does_not_grow_with_length():
 
 def test_scan_gradients():
     _compile_scan(16, grad=True)
+
+
+def _step(carry, x):
+    carry = carry * 0.9 + x
+    return carry, torch.sin(carry)
+
+
+def recurrence(init, xs):
+    from torch._higher_order_ops.scan import scan
+
+    return torch.cos(scan(_step, torch.tanh(init), xs * 2)[1]) + 1
+
+
+def test_scan_op_runs_in_aten_inside_a_compiled_program():
+    torch.manual_seed(0)
+    for length in (8, 64):
+        torch._dynamo.reset()
+        init, xs = torch.randn(4, 3), torch.randn(length, 4, 3)
+        before, reports = len(errors.FALLBACKS), len(REPORTS)
+        actual = kiln.compile(recurrence)(init, xs)
+        torch.testing.assert_close(actual, recurrence(init, xs), **TOLERANCE[torch.float32])
+        records = list(errors.FALLBACKS)[before:]
+        assert [(f.scope, f.kind, f.op) for f in records] == [("op", "by design", "scan")], records
+        assert REPORTS[reports].num_kernels >= 2  # the element-wise ops around the scan

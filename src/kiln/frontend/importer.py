@@ -25,6 +25,8 @@ aten = torch.ops.aten
 # The most nodes one ATen call may lower to: a lowering that loops over a dimension's extent
 # (unbind, split into many pieces) would otherwise unroll data-sized work into the source.
 NODES_PER_OP_LIMIT = 1024
+_HIGHER_ORDER = ("higher-order ops (scans, loops, conditionals) run in ATen until kiln lowers them: "
+                 "traced, their bodies would be unrolled once per step")
 _EFFECTFUL = "has side effects (an assert, a print, a mutation, a random draw, a wait): runs in ATen"
 _VENDOR = "runs in ATen by design: vendor BLAS/DNN kernels win here"
 EXTERN_BY_DESIGN = {op: _VENDOR for op in (
@@ -95,7 +97,9 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
                 env[n] = ex
             position += 1
         elif n.op == "get_attr":
-            env[n] = _tensor_constant(b, _fetch_attr(gm, n.target))
+            value = _fetch_attr(gm, n.target)
+            # a subgraph (a scan's or a loop's body) is an argument of the ATen call running it
+            env[n] = value if isinstance(value, fx.GraphModule) else _tensor_constant(b, value)
         elif n.op == "call_function":
             env[n] = _lower_call(b, n, env, fallbacks, unsupported_fns, device)
         elif n.op == "output":
@@ -184,6 +188,9 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
     effectful = has_side_effects(n)
     if effectful:  # kernels have no effects: it runs in ATen, where the program order puts it
         fn, reason = None, _EFFECTFUL
+    by_design = n.target in EXTERN_BY_DESIGN or effectful
+    if isinstance(n.target, torch._ops.HigherOrderOperator):
+        fn, reason, by_design = None, _HIGHER_ORDER, True
     if fn is not None and _touches_complex(args, kwargs, val):
         fn, reason = None, "complex tensors are not lowered"
     if fn is not None:
@@ -210,7 +217,7 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
         finally:
             b.limit_growth(None)
     if name not in fallbacks and not reason.startswith("lowering failed"):
-        kind = "by design" if n.target in EXTERN_BY_DESIGN or effectful else "unsupported"
+        kind = "by design" if by_design else "unsupported"
         errors.record(errors.Fallback("op", kind, reason, name))
     fallbacks[name] = reason
     return _extern(b, n.target, args, kwargs, val, reason, effectful)
