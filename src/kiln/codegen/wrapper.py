@@ -15,6 +15,7 @@ from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK, Check
 from kiln.ir.kernel import Kernel
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.passes.fusion import KernelPlan, Schedule
+from kiln.passes.layout import is_non_overlapping, same_strides
 
 
 @dataclass
@@ -121,7 +122,8 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                        layouts, device: torch.device, pass_pointers: bool = True) -> HostProgram:
     graph = schedule.graph
     g: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided, "device": device,
-                         "as_strided": torch.as_strided, "restride": _restride}
+                         "as_strided": torch.as_strided, "restride": _restride,
+                         "same_strides": same_strides}
     lines = ["def call(args):"]
     names = [f"arg{i}" for i in range(graph.num_inputs)]
     if names:
@@ -237,17 +239,17 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
     rets = []
     returned: set[Node] = set()
     fresh = graph.output_fresh or [False] * len(graph.outputs)
+    eager_strides = graph.output_strides or [None] * len(graph.outputs)
     for position, o in enumerate(graph.outputs):
+        want = eager_strides[position]
         if isinstance(o, Node) and fresh[position] and _shares_memory(o, schedule, returned):
             # eager returns new memory here; the value kiln has is an input, a view or
             # another output, so copy it (in eager's layout)
-            stride = graph.output_strides[position] or layouts(o)
+            stride = want if want is not None and is_non_overlapping(o.shape, want) else layouts(o)
             source = buffer_names[o] if o not in schedule.aliases else _alias_expr(schedule.aliases[o], buffer_names)
             rets.append(f"restride({source}, {stride})")
-        elif isinstance(o, Node) and o in schedule.aliases:
-            rets.append(_alias_expr(schedule.aliases[o], buffer_names))
         elif isinstance(o, Node):
-            rets.append(buffer_names[o])
+            rets.append(_in_eager_layout(o, want, schedule, buffer_names, layouts, lines))
         else:
             g_name = f"const{len(g)}"
             g[g_name] = o
@@ -265,6 +267,31 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
         g["arena_for_thread"] = _arena(slots, device)
         lines.insert(lines.index("    args.clear()") + 1, "    arena = arena_for_thread()")
     return HostProgram("\n".join(lines) + "\n", g)
+
+
+def _in_eager_layout(o: Node, want: tuple | None, schedule: Schedule, buffer_names, layouts,
+                     lines: list[str]) -> str:
+    """An output as an expression with eager's strides exactly: AOTAutograd regenerates
+    views from them, and a backward compiled for them reads the tensors saved for it."""
+    alias = schedule.aliases.get(o)
+    expr = _alias_expr(alias, buffer_names) if alias else buffer_names[o]
+    if want is None or len(want) != len(o.shape):
+        return expr
+    want = tuple(want)
+    if o.op in (Op.EXTERN, Op.ITEM) and not alias:
+        if not is_non_overlapping(o.shape, want):
+            return expr
+        # an ATen result's strides are known only at run time
+        lines.append(f"    if {expr}.stride() != {want}: {expr} = "
+                     f"as_strided({expr}, {o.shape}, {want}, {expr}.storage_offset()) "
+                     f"if same_strides({o.shape}, {expr}.stride(), {want}) else restride({expr}, {want})")
+        return expr
+    have = alias.stride if alias else layouts(o)
+    if have == want:
+        return expr
+    if same_strides(o.shape, have, want):  # differs only where no element is addressed
+        return f"as_strided({expr}, {o.shape}, {want}, {expr}.storage_offset())"
+    return f"restride({expr}, {want})" if is_non_overlapping(o.shape, want) else expr
 
 
 def _alias_expr(a, buffer_names) -> str:

@@ -13,6 +13,8 @@ import math
 import torch
 import torch.fx as fx
 
+from kiln.frontend.effects import has_side_effects
+
 aten = torch.ops.aten
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.expand.default, aten.clone.default)
 # low-precision softmax is computed in float32 between two casts
@@ -159,7 +161,7 @@ def rewrite_attention(gm: fx.GraphModule) -> int:
         node.replace_all_uses_with(fused)
         count += 1
     if count:
-        gm.graph.eliminate_dead_code()
+        gm.graph.eliminate_dead_code(is_impure_node=has_side_effects)
         gm.recompile()
     return count
 

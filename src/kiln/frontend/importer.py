@@ -14,7 +14,8 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln import errors
-from kiln.ir.tensor import ArgRef, Builder, Graph, Layout, Node, Op
+from kiln.frontend.effects import has_side_effects
+from kiln.ir.tensor import ArgRef, Builder, Graph, GraphGrowthLimit, Layout, Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import WEAK_SCALAR, Unsupported, cast, constant, is_weak_scalar
 from kiln.lower.registry import lookup
@@ -22,6 +23,12 @@ from kiln.options import env_debug
 
 
 aten = torch.ops.aten
+# The most nodes one ATen call may lower to: a lowering that loops over a dimension's extent
+# (unbind, split into many pieces) would otherwise unroll data-sized work into the source.
+NODES_PER_OP_LIMIT = 1024
+_HIGHER_ORDER = ("higher-order ops (scans, loops, conditionals) run in ATen until kiln lowers them: "
+                 "traced, their bodies would be unrolled once per step")
+_EFFECTFUL = "has side effects (an assert, a print, a mutation, a random draw, a wait): runs in ATen"
 _VENDOR = "runs in ATen by design: vendor BLAS/DNN kernels win here"
 EXTERN_BY_DESIGN = {op: _VENDOR for op in (
     aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
@@ -39,7 +46,7 @@ def _layouts(val: Any) -> tuple:
     return (None,)
 
 
-def _extern(b: Builder, target, args, kwargs, val, reason: str) -> Node:
+def _extern(b: Builder, target, args, kwargs, val, reason: str, effectful: bool = False) -> Node:
     inputs: list[Node] = []
 
     def ref(a):
@@ -55,7 +62,7 @@ def _extern(b: Builder, target, args, kwargs, val, reason: str) -> Node:
     shape = tuple(val.shape) if single else ()
     dtype = val.dtype if single else torch.float32
     attrs = (target, args_t, kwargs_t, layouts, reason, single)
-    return b.make(Op.EXTERN, tuple(inputs), attrs, shape, dtype)
+    return b.make(Op.EXTERN, tuple(inputs), attrs, shape, dtype, {"effectful": True} if effectful else None)
 
 
 def _check(result: Node, val: torch.Tensor, b: Builder) -> Node:
@@ -91,7 +98,9 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
                 env[n] = ex
             position += 1
         elif n.op == "get_attr":
-            env[n] = _tensor_constant(b, _fetch_attr(gm, n.target))
+            value = _fetch_attr(gm, n.target)
+            # a subgraph (a scan's or a loop's body) is an argument of the ATen call running it
+            env[n] = value if isinstance(value, fx.GraphModule) else _tensor_constant(b, value)
         elif n.op == "call_function":
             env[n] = _lower_call(b, n, env, fallbacks, unsupported_fns, device)
         elif n.op == "output":
@@ -184,6 +193,12 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
     fn = lookup(n.target)
     reads_number = any(is_weak_scalar(v) for v in tree_flatten((args, kwargs))[0])
     reason = EXTERN_BY_DESIGN.get(n.target, "no kiln lowering for this op")
+    effectful = has_side_effects(n)
+    if effectful:  # kernels have no effects: it runs in ATen, where the program order puts it
+        fn, reason = None, _EFFECTFUL
+    by_design = n.target in EXTERN_BY_DESIGN or effectful
+    if isinstance(n.target, torch._ops.HigherOrderOperator):
+        fn, reason, by_design = None, _HIGHER_ORDER, True
     if fn is not None and _touches_complex(args, kwargs, val):
         fn, reason = None, "complex tensors are not lowered"
     if fn is not None:
@@ -192,6 +207,7 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
                        n, device)
         try:
             first_new = len(b.nodes)
+            b.limit_growth(NODES_PER_OP_LIMIT)
             result = fn(ctx, *args, **kwargs)
             missing = {m.fn for m in b.nodes[first_new:] if m.op is Op.POINTWISE} & unsupported_fns
             if missing:
@@ -201,7 +217,7 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
             if isinstance(val, (tuple, list)) and isinstance(result, (tuple, list)):
                 return tuple(_check(r, v, b) for r, v in zip(result, val))
             return result
-        except Unsupported as e:
+        except (Unsupported, GraphGrowthLimit) as e:
             reason = str(e)
         except Exception as e:  # a lowering bug must not break the user's program
             if env_debug():
@@ -210,13 +226,15 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
                 raise Unsupported(f"{name} takes a number read from a tensor at run time") from e
             reason = f"lowering failed: {type(e).__name__}: {e}"
             errors.record(errors.Fallback("op", "internal", reason, name))
+        finally:
+            b.limit_growth(None)
     if reads_number:  # an ATen call takes it as a number, not as the tensor it is here
         raise Unsupported(f"{name} runs in ATen and takes a number read from a tensor at run time")
     if name not in fallbacks and not reason.startswith("lowering failed"):
-        kind = "by design" if n.target in EXTERN_BY_DESIGN else "unsupported"
+        kind = "by design" if by_design else "unsupported"
         errors.record(errors.Fallback("op", kind, reason, name))
     fallbacks[name] = reason
-    return _extern(b, n.target, args, kwargs, val, reason)
+    return _extern(b, n.target, args, kwargs, val, reason, effectful)
 
 
 def _scalar_read(b: Builder, tensor: Any) -> Node:

@@ -168,12 +168,20 @@ class Graph:
         return [o for o in self.outputs if isinstance(o, Node)]
 
 
+class GraphGrowthLimit(Exception):
+    """A lowering made more nodes than its budget: it would unroll work proportional to a
+    tensor's size into the graph (and the generated source)."""
+
+
 class Builder:
-    """Creates nodes, reusing an existing node when an identical one was made already."""
+    """Creates nodes, reusing an existing node when an identical one was made already.
+    While node_limit is set, making a node past that many raises GraphGrowthLimit."""
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
         self._seen: dict[tuple, Node] = {}
+        self.node_limit: int | None = None
+        self.budget_start = 0
 
     def make(
         self,
@@ -194,11 +202,19 @@ class Builder:
                 hit, pure = None, False
             if hit is not None:
                 return hit
+        if self.node_limit is not None and len(self.nodes) >= self.node_limit:
+            raise GraphGrowthLimit(f"the lowering made more than {self.node_limit - self.budget_start} "
+                                   f"nodes: it would unroll work proportional to a tensor's size")
         node = Node(len(self.nodes), op, tuple(inputs), attrs, shape, dtype, meta or {})
         self.nodes.append(node)
         if pure:
             self._seen[key] = node
         return node
+
+    def limit_growth(self, nodes: int | None) -> None:
+        """Allow this many more nodes (None: no limit)."""
+        self.budget_start = len(self.nodes)
+        self.node_limit = None if nodes is None else len(self.nodes) + nodes
 
     def finish(self, outputs: list[Any], num_inputs: int, output_strides=None, output_fresh=None) -> Graph:
         return Graph(list(self.nodes), list(outputs), num_inputs, list(output_strides or []),

@@ -179,6 +179,10 @@ def _scatter(ctx: LowerCtx, x, dim, index, src):
     return core.pointwise(ctx.b, "where", hit, src, x, out_dtype=ctx.out_dtype)
 
 
+# The lowering below selects each element's part by a chain of comparisons, one per part.
+CAT_PARTS_LIMIT = 64
+
+
 @lowering(aten.cat.default)
 def _cat(ctx: LowerCtx, tensors, dim=0):
     """out = where(i < end0, part0, where(i < end1, part1, ...)), each part a padded view."""
@@ -187,6 +191,9 @@ def _cat(ctx: LowerCtx, tensors, dim=0):
     shape = tuple(ctx.out_shape)
     if not parts:
         return core.constant(b, 0, ctx.out_dtype, shape)
+    if len(parts) > CAT_PARTS_LIMIT:
+        raise Unsupported(f"cat of {len(parts)} parts (over {CAT_PARTS_LIMIT}): each element would test "
+                          f"every part; ATen copies each part once")
     dim %= len(shape)
     pieces, offset = [], 0
     for t in parts:

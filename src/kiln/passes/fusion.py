@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from kiln.ir import index as ix
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, dim_syms
+from kiln.passes.layout import same_strides
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,11 @@ def _store_base_of_view(n: Node, stored: dict[Node, str], aliases: dict[Node, Al
     if newly_stored:
         stored[base] = f"viewed by %{n.id}, which is then passed on without a copy"
     alias = _affine_view_of_buffer(n, stored, layouts)
-    if alias is not None and want_stride is not None and alias.stride != tuple(want_stride):
-        alias = None
+    if alias is not None and want_stride is not None:
+        # the same elements as eager's view, with eager's strides exactly (also those of
+        # dimensions of size 1): a backward compiled for them reads the output with them
+        same = same_strides(n.shape, alias.stride, tuple(want_stride))
+        alias = Alias(alias.base, alias.shape, tuple(want_stride), alias.offset) if same else None
     if alias is None:
         if newly_stored:
             del stored[base]
@@ -260,10 +264,49 @@ def _reads_besides(root: Node, skip: Node, stored) -> set[Node]:
     return set(_stored_frontier(list(root.inputs), lambda n: n.inputs, stored, skip))
 
 
+# A kernel computes an inlined value by recursion over its inputs: a chain deeper than this
+# (a long element-wise chain, a sum of many tensors) is cut by storing a value, so that
+# emitting a kernel stays far within Python's recursion limit.
+INLINE_DEPTH_LIMIT = 64
+# The most buffers one kernel reads and writes: a kernel is a call with one argument per
+# buffer (ctypes takes at most 1024), and merging stops there.
+KERNEL_BUFFER_LIMIT = 128
+
+
+def _store_to_bound_kernels(graph: Graph, stored: dict[Node, str]) -> set[Node]:
+    """Store values so that no kernel inlines more than INLINE_DEPTH_LIMIT levels below a
+    stored value, nor reads more than KERNEL_BUFFER_LIMIT buffers; returns them."""
+    depth: dict[Node, int] = {}
+    reads: dict[Node, frozenset] = {}
+    chosen: set[Node] = set()
+
+    def store(n: Node, why: str) -> None:
+        stored[n] = why
+        chosen.add(n)
+        depth[n], reads[n] = 0, frozenset((n,))
+
+    for n in graph.nodes:
+        if n in stored or not n.inputs:
+            depth[n], reads[n] = 0, frozenset((n,)) if n in stored else frozenset()
+            continue
+        r = frozenset().union(*(reads[i] for i in n.inputs))
+        if len(r) > KERNEL_BUFFER_LIMIT - 1:
+            for i in n.inputs:
+                if i not in stored and reads[i]:
+                    store(i, f"a consumer would read {len(r)} buffers in one kernel: stored to split it")
+            r = frozenset().union(*(reads[i] for i in n.inputs))
+        d = 1 + max(depth[i] for i in n.inputs)
+        if d > INLINE_DEPTH_LIMIT:
+            store(n, f"computed {d} levels deep in one expression: stored to bound the kernel's depth")
+        else:
+            depth[n], reads[n] = d, r
+    return chosen
+
+
 def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
              decisions: list[Decision]) -> Schedule:
     """Kernels for every stored node that is computed, given the stored set so far."""
-    widely_read = _store_widely_read(graph, stored)
+    widely_read = _store_widely_read(graph, stored) | _store_to_bound_kernels(graph, stored)
     # Reductions that cannot run inside their consumers' kernels become stored; repeat
     # until every kernel's reductions fit its domain. Nested ones too: a reduction inside
     # another's input (softmax's max inside its sum) shares that row, or is stored.
@@ -283,6 +326,7 @@ def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
     plans: list[KernelPlan] = []
     steps: list[KernelPlan | Node] = []
     produced_before: dict[int, set[Node]] = {}
+    buffers: dict[int, set[Node]] = {}  # what each kernel reads
     available: set[Node] = {n for n in graph.nodes if n.op is Op.INPUT}
     for n in graph.nodes:
         if n not in stored or n.op is Op.INPUT:
@@ -296,11 +340,15 @@ def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
         need = _required_buffers(plan, stored)
         merged = False
         for k, step in enumerate(steps):
+            if (not isinstance(step, KernelPlan) or len(buffers[k]) + len(step.roots) >= KERNEL_BUFFER_LIMIT
+                    or not _same_domain(step, iter_shape, axes)):
+                continue
             # what the kernel stores element-wise it can also recompute for n
-            recomputable = {r for r in step.roots if r.op is not Op.REDUCE} if isinstance(step, KernelPlan) else set()
-            if (isinstance(step, KernelPlan) and _same_domain(step, iter_shape, axes)
-                    and need <= produced_before[k] | recomputable):
+            recomputable = {r for r in step.roots if r.op is not Op.REDUCE}
+            if (need <= produced_before[k] | recomputable
+                    and len(buffers[k] | need) + len(step.roots) < KERNEL_BUFFER_LIMIT):
                 step.roots.append(n)
+                buffers[k] |= need
                 decisions.append(Decision(_label(n), "merged",
                                           f"same domain {list(iter_shape)} as the kernel storing "
                                           f"{_label(step.roots[0])}, and independent of every kernel after it"))
@@ -308,6 +356,7 @@ def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
                 break
         if not merged:
             produced_before[len(steps)] = set(available)
+            buffers[len(steps)] = set(need)
             steps.append(plan)
             plans.append(plan)
         available.add(n)

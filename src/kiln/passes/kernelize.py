@@ -22,6 +22,8 @@ from kiln.passes.fusion import FusionMismatch, KernelPlan, reductions_below
 
 # Integer divisions eager raises on when the divisor is zero.
 INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
+# The most indices one kernel computes an inlined value at (see KernelEmitter._count_index).
+INDEX_VARIANT_LIMIT = 8
 
 
 class _StageBuilder:
@@ -58,6 +60,7 @@ class KernelEmitter:
         self.read_buffers = self.buffer_names.keys() - set(plan.roots)
         self.keep_loaded_rows = keep_loaded_rows
         self.checks: list[Check] = []  # what each Flag site reports
+        self.indices_read: dict[int, set] = {}  # node id -> the indices a value is computed at
 
     # ------------------------------------------------------------------ helpers
     def _tmp(self) -> str:
@@ -101,9 +104,23 @@ class KernelEmitter:
             self._emit(k.Load(out, sc.name, self._row_position(), sc.dtype))
             stage.memo[key] = out
             return out
+        self._count_index(node, index)
         out = self._compute(node, index, mask)
         stage.memo[key] = out
         return out
+
+    def _count_index(self, node: Node, index: tuple[Expr, ...]) -> None:
+        """A value inlined is computed once per index it is read at. Views that interleave
+        views (a traced scan's levels) double that per level: past INDEX_VARIANT_LIMIT
+        indices the value is stored instead, so that a kernel's source stays proportional
+        to its graph, not to the data's extent."""
+        if node in self.buffer_names or node.op in (Op.CONSTANT, Op.IOTA, Op.VIEW):
+            return
+        seen = self.indices_read.setdefault(node.id, set())
+        seen.add(index)
+        if len(seen) > INDEX_VARIANT_LIMIT:
+            raise FusionMismatch(node, f"read at more than {INDEX_VARIANT_LIMIT} indices in one kernel: "
+                                       f"stored instead of recomputed at each")
 
     def _compute(self, node: Node, index: tuple[Expr, ...], mask: str | None) -> str:
         if node in self.buffer_names and node not in self.plan.roots:

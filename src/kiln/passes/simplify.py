@@ -265,8 +265,10 @@ def _rebuild(graph: Graph, rules: list[Rule]) -> tuple[Graph, dict[str, int]]:
 
 
 def _live(graph: Graph) -> set[Node]:
+    """What the outputs need, the inputs, and every call with side effects (an assert whose
+    result nobody reads still runs, with what it reads)."""
     live, stack = set(), list(graph.output_nodes())
-    stack += [n for n in graph.nodes if n.op is Op.INPUT]
+    stack += [n for n in graph.nodes if n.op is Op.INPUT or n.meta.get("effectful")]
     while stack:
         n = stack.pop()
         if n not in live:
