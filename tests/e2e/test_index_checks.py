@@ -131,3 +131,19 @@ def test_gather_along_split_rows():
     expected = _eager_error(f, x, i)
     with pytest.raises(type(expected), match=str(expected)):
         kiln.compile(f)(x, i)
+
+
+def test_first_call_out_of_range_is_the_users_error():
+    """The first call of a compiled program may fail with an index out of range: that is the
+    user's error, raised as eager's, and the program stays compiled (no fallback to ATen)."""
+    from kiln import errors
+
+    fn = CASES["index_select"][0]
+    x = randn(10, 4)
+    compiled = kiln.compile(fn)
+    records = len(errors.FALLBACKS)
+    with pytest.raises(IndexError, match="index out of range in self"):
+        compiled(x, torch.tensor([1, 12]))
+    good = torch.tensor([1, 3])
+    assert_same(compiled(x, good), fn(x, good))
+    assert list(errors.FALLBACKS)[records:] == []

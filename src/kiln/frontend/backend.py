@@ -20,6 +20,7 @@ from kiln.codegen.backends import get_backend, resolve_target, target_problem
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
 from kiln.frontend.partition import PartitionSummary, partition
+from kiln.ir.checks import RAISED_AS_EAGER
 from kiln.lower.core import Unsupported
 from kiln.options import Options, backend_options, env_debug
 
@@ -120,7 +121,8 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
 class _FirstCallChecked:
     """A compiled program (boxed) whose first call, if kiln's code raises there (a kernel that
     does not load or launch), runs the graph in ATen instead, from then on, with one warning.
-    The inputs are those the graph was traced for, so the error is kiln's, not the user's."""
+    An error the program raises as eager would (an index out of range) is the user's: it
+    passes through, and the program stays compiled."""
 
     _boxed_call = True
 
@@ -134,7 +136,7 @@ class _FirstCallChecked:
         try:
             out = self.fn(args)
         except Exception as e:  # noqa: BLE001 - the user's program must still run
-            if env_debug():
+            if env_debug() or getattr(e, RAISED_AS_EAGER, False):
                 raise
             reason = f"the compiled program failed at its first call: {type(e).__name__}: {e}"
             errors.record(errors.Fallback("graph", "internal", reason))

@@ -56,7 +56,9 @@ class Check:
     def error(self, value: int) -> Exception:
         rule = RULES[self.rule]
         message = rule.message.format(value=value, dim=self.dim, size=self.size, input=self.input)
-        return rule.exception(message)
+        error = rule.exception(message)
+        setattr(error, RAISED_AS_EAGER, True)
+        return error
 
     def __str__(self) -> str:
         if self.rule not in INDEX_RULES:
@@ -64,6 +66,9 @@ class Check:
         return f"{self.rule} dim {self.dim} size {self.size} input {self.input}"
 
 
+# An exception the host program raises on eager's behalf (the user's error, not kiln's) carries
+# this attribute, so that kiln's own fallbacks let it through.
+RAISED_AS_EAGER = "kiln_raised_as_eager"
 INDEX_RULES = frozenset(RULES) - {"divide_by_zero"}
 ERROR_PARAM = "err"  # the kernel parameter of its error buffer
 SLOTS_PER_CHECK = 2  # flag, value: 16 bytes, so that every kernel's part stays 16-byte aligned
