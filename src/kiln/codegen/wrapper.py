@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK, Check
+from kiln.ir.checks import ERROR_PARAM, INDEX_RULES, SLOTS_PER_CHECK, Check
 from kiln.ir.kernel import Kernel
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.passes.fusion import KernelPlan, Schedule
@@ -92,6 +92,10 @@ def _raise_reported(errors: torch.Tensor, checks: list[Check]) -> None:
     for check, (flag, value) in zip(checks, errors.view(-1, SLOTS_PER_CHECK).tolist()):
         if flag:
             raise check.error(value)
+
+
+def _checks_message(checks: list[Check]) -> str:
+    return "kiln: a run-time check failed in a compiled program (" + ", ".join(map(str, checks)) + ")"
 
 
 def _error_checks(schedule: Schedule, kernels: dict[int, Kernel]) -> tuple[list[Check], dict[int, int]]:
@@ -257,11 +261,18 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
         if isinstance(o, Node):
             returned.add(o)
     if checks:
-        # one read of the errors per call, after all launches: on a GPU reading it waits for
-        # every kernel (it cannot be recorded into a CUDA graph, whose replays go unchecked)
-        capturing = "not torch.cuda.is_current_stream_capturing() and " if device.type == "cuda" else ""
-        lines.append(f"    if {capturing}errors.any():")
-        lines.append("        raise_reported(errors, checks)")
+        if device.type == "cuda":
+            # eager's CUDA kernels assert on the device, asynchronously: reading the errors on
+            # the host would wait for every kernel at every call (and cannot be captured).
+            # They check indices only: an integer division by zero does not stop them.
+            rows = [r for r, c in enumerate(checks) if c.rule in INDEX_RULES]
+            if rows:
+                g.update(assert_async=torch._assert_async, checks_message=_checks_message(checks),
+                         index_flags=torch.tensor([SLOTS_PER_CHECK * r for r in rows], device=device))
+                lines.append("    assert_async(errors[index_flags].eq(0).all(), checks_message)")
+        else:  # one read of the errors per call, after all launches
+            lines.append("    if errors.any():")
+            lines.append("        raise_reported(errors, checks)")
     lines.append(f"    return [{', '.join(rets)}]")
     if use_arena and slots:
         g["arena_for_thread"] = _arena(slots, device)
