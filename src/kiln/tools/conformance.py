@@ -1,7 +1,7 @@
 """Conformance runner: every OpInfo of PyTorch's op_db, compiled by kiln vs eager.
 
     python -m kiln.tools.conformance [--ops NAME,...] [--dtypes float32,bfloat16,int]
-                                     [--samples 3] [--jobs 1] [--out results.jsonl]
+                                     [--samples 3] [--mode per-op] [--jobs 1] [--out results.jsonl]
                                      [--table docs/conformance.md]
 
 Each (op, dtype) gets one class, the worst over its samples:
@@ -37,6 +37,10 @@ def _parse(argv):
     p.add_argument("--ops", default="", help="comma-separated op names (default: all of op_db)")
     p.add_argument("--dtypes", default="float32,bfloat16,int")
     p.add_argument("--samples", type=int, default=3, help="sample inputs per op and dtype")
+    p.add_argument("--mode", default="per-op", choices=("per-op", "per-sample"),
+                   help="per-op: one compiled function per op, every sample called through it with its "
+                        "non-tensor arguments as arguments; per-sample: a fresh dynamic=False compile per "
+                        "sample, non-tensor arguments as constants")
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--timeout", type=int, default=120, help="seconds per (op, dtype)")
     p.add_argument("--out", default="conformance.jsonl", help="results, one JSON line per (op, dtype)")
@@ -98,7 +102,7 @@ class _Worker:
 
     def _start(self) -> None:
         cmd = [sys.executable, "-m", "kiln.tools.conformance", "--worker", "--samples", str(self.args.samples),
-               "--timeout", str(self.args.timeout)]
+               "--mode", self.args.mode, "--timeout", str(self.args.timeout)]
         with open(self.args.out + ".log", "a") as log:  # Dynamo's and kiln's own messages
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                          text=True, bufsize=1)
