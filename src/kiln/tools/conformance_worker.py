@@ -18,9 +18,9 @@ import signal
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 from torch.utils._pytree import tree_map
@@ -190,6 +190,8 @@ class _Runner:
     """Runs samples eager and compiled and classifies each; subclasses say how samples
     become calls and when to compile."""
 
+    options: ClassVar[dict] = {}  # kiln's options; KILN_TARGET picks the code generator, as for kiln.compile
+
     def __init__(self, fn: Callable):
         self.fn = fn
         self.runs = [0]  # calls of compiled graphs
@@ -207,7 +209,7 @@ class _Runner:
         raise NotImplementedError
 
     def kiln(self, gm, example_inputs):
-        return _Counted(kiln_backend(gm, example_inputs, self.options), self.runs)
+        return _Counted(kiln_backend(gm, example_inputs, Options.from_kwargs(**self.options)), self.runs)
 
     def run(self, sample, values_undefined: bool, dtype: torch.dtype) -> Outcome | None:
         """The sample's outcome, or None when eager itself fails."""
@@ -285,8 +287,6 @@ class _Runner:
 class _PerOp(_Runner):
     """One compiled function per op, every sample's arguments passed through it."""
 
-    options = Options()
-
     def __init__(self, fn: Callable):
         super().__init__(fn)
         torch._dynamo.reset()
@@ -319,7 +319,7 @@ class _PerOp(_Runner):
 class _PerSample(_Runner):
     """A fresh compile per sample, with the sample's non-tensor arguments as constants."""
 
-    options = Options(dynamic=False)
+    options: ClassVar[dict] = {"dynamic": False}
 
     def call_of(self, sample) -> _Call:
         call, tensors = wrap(self.fn, sample)
