@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from conftest import assert_same
 
 
