@@ -4,11 +4,13 @@
                                      [--samples 3] [--mode per-op] [--jobs 1] [--out results.jsonl]
                                      [--table docs/conformance.md]
 
-Each (op, dtype) gets one class, the worst over its samples:
-    crash         kiln raised, or silently ran a whole graph in ATen (an internal error)
+Each (op, dtype) gets one class, the worst over its samples (docs/conformance.md defines them):
+    crash         kiln raised, or recorded an internal error (kiln.errors), or AOTAutograd failed
+                  (or broke the graph) under kiln's decompositions where it passes under aot_eager
     mismatch      the compiled result differs from eager
-    not captured  Dynamo broke the graph or AOTAutograd could not trace it (not kiln's doing)
-    fallback pass equal to eager, with some ops run in ATen inside the compiled program
+    not captured  Dynamo broke the graph or failed where it does without kiln too; the graphs it
+                  captured ran through kiln and the results were compared
+    fallback pass equal to eager, with some ATen ops, or a whole graph kiln declines, run in ATen
     native pass   equal to eager, every op lowered by kiln
 Samples that fail in eager are skipped. Ops run in worker processes: a worker that dies
 (a segfault in a kernel) marks the op it was running as a crash and the sweep goes on.
