@@ -85,3 +85,8 @@ def test_eager_failure_is_reported_apart():
         raise ValueError("not an op")
 
     assert _classify(fails)["class"] == "eager fails"
+
+
+def test_other_strides_are_reported():
+    result = _classify(lambda x: x.t().contiguous() if torch.compiler.is_compiling() else x.t())
+    assert result["class"] == "native pass" and "strides" in result["strides"]

@@ -60,6 +60,16 @@ def fallback_ops(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def strides(rows: list[dict]) -> str:
+    bad = [r for r in rows if r.get("strides")]
+    if not bad:
+        return "None."
+    lines = ["| op | dtype | class | strides |", "|---|---|---|---|"]
+    for r in sorted(bad, key=lambda r: (r["op"], r["dtype"])):
+        lines.append(f"| {r['op']} | {r['dtype']} | {r['class']} | {_cell(r['strides'])} |")
+    return "\n".join(lines)
+
+
 def not_captured(rows: list[dict]) -> str:
     ops = sorted({r["op"] for r in rows if r["class"] == "not captured"})
     return ", ".join(ops) or "None."
@@ -80,6 +90,8 @@ def render(rows: list[dict]) -> str:
          "some ATen ops run as fallbacks inside the compiled program."),
         "### Mismatches and crashes",
         failures(rows),
+        "### Outputs laid out unlike eager's (values equal; not part of the classes above)",
+        strides(rows),
         "### Not captured (Dynamo broke the graph; what it captured ran through kiln, results compared)",
         not_captured(rows),
         "### Fallback ops",

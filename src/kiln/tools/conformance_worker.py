@@ -29,7 +29,7 @@ import kiln  # noqa: F401  (registers the backend)
 from kiln import errors
 from kiln.frontend.backend import kiln_backend
 from kiln.options import Options
-from kiln.tools.conformance_compare import compare
+from kiln.tools.conformance_compare import compare, stride_difference
 
 MODES = ("per-op", "per-sample")
 
@@ -125,7 +125,7 @@ def run_op(op, name: str, dtype_key: str, max_samples: int, mode: str = "per-op"
     except Exception as e:  # noqa: BLE001 - the OpInfo itself failed
         return _result("skipped", 0, f"sample_inputs failed: {type(e).__name__}: {e}", {})
     runner = _MODES[mode](op.op)
-    worst, detail, fallbacks, ran = "native pass", "", {}, 0
+    worst, detail, fallbacks, ran, strides = "native pass", "", {}, 0, ""
     LOOKED_UP.clear()
     for k, sample in enumerate(samples):
         outcome = runner.run(sample, name in UNDEFINED_VALUES, dtype)
@@ -133,12 +133,15 @@ def run_op(op, name: str, dtype_key: str, max_samples: int, mode: str = "per-op"
             continue  # eager fails on this sample
         ran += 1
         fallbacks.update(outcome.fallbacks)
+        if outcome.strides and not strides:
+            strides = f"sample {k} ({_describe(sample)}): {outcome.strides}"
         if RANK[outcome.cls] < RANK[worst]:
             worst, detail = outcome.cls, f"sample {k} ({_describe(sample)}): {outcome.why}"
     if ran == 0:
         return _result("eager fails", 0, "", {})
     result = _result(worst, ran, detail, fallbacks)
     result["lowered"] = sorted(LOOKED_UP - set(fallbacks))
+    result["strides"] = strides
     return result
 
 
@@ -157,6 +160,7 @@ class Outcome:
     cls: str
     why: str = ""
     fallbacks: dict[str, str] = field(default_factory=dict)
+    strides: str = ""  # an output laid out unlike eager's (reported, not part of the class)
 
 
 @dataclass
@@ -241,15 +245,16 @@ class _Runner:
                            dtype, values_undefined)
         if mismatch:
             return Outcome("mismatch", mismatch, fallbacks)
+        fallbacks_and_strides = {"fallbacks": fallbacks, "strides": stride_difference(actual, expected)}
         breaks = [*_counted("graph_break"), *_counted("unimplemented")]
         refused = [b for b in breaks if b.startswith(_BACKEND_FAILED)]
         if refused:  # the backend raised an error Dynamo turns into a graph break
             cls = "not captured" if self._fails_without_kiln("aot_eager") else "crash"
-            return Outcome(cls, _first_line(refused[0]), fallbacks)
+            return Outcome(cls, _first_line(refused[0]), **fallbacks_and_strides)
         if breaks or self.runs[0] == runs_before:
             why = "; ".join(map(_first_line, breaks[:2])) if breaks else "no compiled graph ran"
-            return Outcome("not captured", why, fallbacks)
-        return Outcome("fallback pass" if fallbacks else "native pass", "", fallbacks)
+            return Outcome("not captured", why, **fallbacks_and_strides)
+        return Outcome("fallback pass" if fallbacks else "native pass", "", **fallbacks_and_strides)
 
     def _kiln_problem(self, records: list[errors.Fallback]) -> tuple[str, str] | None:
         """A kiln bug among the fallback records: an internal error, or a graph that
