@@ -298,10 +298,7 @@ class _PerOp(_Runner):
         self._compiled: dict[Any, Callable] = {}
 
     def call_of(self, sample) -> _Call:
-        return _Call(self._entry, (sample.input, *sample.args), dict(sample.kwargs))
-
-    def _entry(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
+        return _Call(self.fn, (sample.input, *sample.args), dict(sample.kwargs))
 
     def compiled(self, backend):
         if backend not in self._compiled:
