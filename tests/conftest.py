@@ -34,11 +34,22 @@ def assert_same(actual, expected, tol: dict | None = None) -> None:
         return
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert_same_strides(actual, expected)
     if expected.is_floating_point():
         t = tol or TOLERANCE.get(expected.dtype, {})
         torch.testing.assert_close(actual, expected, equal_nan=True, **t)
     else:
         assert torch.equal(actual, expected), (actual, expected)
+
+
+def assert_same_strides(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Strides match eager's in every dim of size > 1: a size-1 dim's stride never addresses
+    memory (eager leaves it arbitrary), and an empty tensor has no layout to match."""
+    if expected.layout != torch.strided or expected.numel() == 0:
+        return
+    dims = [d for d, size in enumerate(expected.shape) if size > 1]
+    got, want = [actual.stride(d) for d in dims], [expected.stride(d) for d in dims]
+    assert got == want, f"strides {actual.stride()} vs eager {expected.stride()} (shape {tuple(expected.shape)})"
 
 
 def run_compiled(fn, *args, **options):

@@ -1,14 +1,16 @@
 """Conformance runner: every OpInfo of PyTorch's op_db, compiled by kiln vs eager.
 
     python -m kiln.tools.conformance [--ops NAME,...] [--dtypes float32,bfloat16,int]
-                                     [--samples 3] [--jobs 1] [--out results.jsonl]
+                                     [--samples 3] [--mode per-op] [--jobs 1] [--out results.jsonl]
                                      [--table docs/conformance.md]
 
-Each (op, dtype) gets one class, the worst over its samples:
-    crash         kiln raised, or silently ran a whole graph in ATen (an internal error)
+Each (op, dtype) gets one class, the worst over its samples (docs/conformance.md defines them):
+    crash         kiln raised, or recorded an internal error (kiln.errors), or AOTAutograd failed
+                  (or broke the graph) under kiln's decompositions where it passes under aot_eager
     mismatch      the compiled result differs from eager
-    not captured  Dynamo broke the graph or AOTAutograd could not trace it (not kiln's doing)
-    fallback pass equal to eager, with some ops run in ATen inside the compiled program
+    not captured  Dynamo broke the graph or failed where it does without kiln too; the graphs it
+                  captured ran through kiln and the results were compared
+    fallback pass equal to eager, with some ATen ops, or a whole graph kiln declines, run in ATen
     native pass   equal to eager, every op lowered by kiln
 Samples that fail in eager are skipped. Ops run in worker processes: a worker that dies
 (a segfault in a kernel) marks the op it was running as a crash and the sweep goes on.
@@ -37,6 +39,10 @@ def _parse(argv):
     p.add_argument("--ops", default="", help="comma-separated op names (default: all of op_db)")
     p.add_argument("--dtypes", default="float32,bfloat16,int")
     p.add_argument("--samples", type=int, default=3, help="sample inputs per op and dtype")
+    p.add_argument("--mode", default="per-op", choices=("per-op", "per-sample"),
+                   help="per-op: one compiled function per op, every sample called through it with its "
+                        "non-tensor arguments as arguments; per-sample: a fresh dynamic=False compile per "
+                        "sample, non-tensor arguments as constants")
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     p.add_argument("--timeout", type=int, default=120, help="seconds per (op, dtype)")
     p.add_argument("--out", default="conformance.jsonl", help="results, one JSON line per (op, dtype)")
@@ -98,7 +104,7 @@ class _Worker:
 
     def _start(self) -> None:
         cmd = [sys.executable, "-m", "kiln.tools.conformance", "--worker", "--samples", str(self.args.samples),
-               "--timeout", str(self.args.timeout)]
+               "--mode", self.args.mode, "--timeout", str(self.args.timeout)]
         with open(self.args.out + ".log", "a") as log:  # Dynamo's and kiln's own messages
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                          text=True, bufsize=1)

@@ -1,23 +1,37 @@
 """One conformance worker: reads 'op<TAB>dtype' lines, runs the op's samples compiled and
 eager, and prints one JSON line per job (preceded by a 'start' line, so that the parent
-knows which job a dying worker was running)."""
+knows which job a dying worker was running).
+
+Two modes (see docs/conformance.md):
+    per-op      one compiled function per op; every sample is called through it in turn with
+                its tensors and its other arguments (numbers, shapes, dtypes, ...) as arguments,
+                so Dynamo decides what to specialize and makes shapes dynamic when they change
+    per-sample  a fresh compile per sample (Dynamo reset, dynamic=False), the sample's
+                non-tensor arguments baked in as constants
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
-import logging
 import signal
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_map
 
 import kiln  # noqa: F401  (registers the backend)
-from kiln.frontend.backend import REPORTS, kiln_backend
+from kiln import errors
+from kiln.frontend.backend import kiln_backend
 from kiln.options import Options
+from kiln.tools.conformance_compare import compare, stride_difference
+
+MODES = ("per-op", "per-sample")
 
 # Ops whose results are random or uninitialized memory: compared on shape and dtype only.
 UNDEFINED_VALUES = {
@@ -28,26 +42,16 @@ UNDEFINED_VALUES = {
     "nn.functional.feature_alpha_dropout.without_train", "nn.functional.rrelu", "rand_like", "randint", "randint_like",
     "randn", "randn_like", "uniform", "randint.default",
 }
+# Worst first: an op's class is the worst over its samples.
 RANK = {c: k for k, c in enumerate(("crash", "mismatch", "not captured", "fallback pass", "native pass"))}
 
 
-class _Timeout(Exception):
-    pass
+class _Timeout(BaseException):
+    """Not an Exception: the runner's handlers of kiln's and Dynamo's errors must not catch it."""
 
 
-class _KilnLog(logging.Handler):
-    """Collects kiln's warnings: a whole graph run in ATen is an internal error."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-def prepare() -> tuple[dict, _KilnLog]:
-    """op_db by name, and the handler that collects kiln's warnings."""
+def prepare() -> dict:
+    """op_db by name."""
     from torch.testing._internal import common_methods_invocations as cmi
 
     from kiln.tools.conformance import op_name
@@ -56,13 +60,11 @@ def prepare() -> tuple[dict, _KilnLog]:
     # Dynamo does not trace; the runner seeds eager and compiled runs alike instead.
     cmi.wrapper_set_seed = lambda op, *args, **kwargs: op(*args, **kwargs)
     _record_lowerings()
-    handler = _KilnLog()
-    logging.getLogger("kiln").addHandler(handler)
-    return {op_name(op): op for op in cmi.op_db}, handler
+    return {op_name(op): op for op in cmi.op_db}
 
 
 def serve(args) -> int:
-    ops, handler = prepare()
+    ops = prepare()
     warnings.filterwarnings("ignore")
     signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(_Timeout()))
     for line in sys.stdin:
@@ -71,7 +73,7 @@ def serve(args) -> int:
         t0 = time.time()
         signal.alarm(args.timeout)
         try:
-            result = run_op(ops[name], name, dtype_key, args.samples, handler)
+            result = run_op(ops[name], name, dtype_key, args.samples, args.mode)
         except _Timeout:
             result = _result("crash", 0, f"timed out after {args.timeout} s", {})
         except Exception as e:  # noqa: BLE001 - the runner's own failure, not kiln's
@@ -113,7 +115,8 @@ def pick_dtype(op, key: str) -> torch.dtype | None:
     return dtype if dtype in supported else None
 
 
-def run_op(op, name: str, dtype_key: str, max_samples: int, handler: _KilnLog) -> dict:
+def run_op(op, name: str, dtype_key: str, max_samples: int, mode: str = "per-op") -> dict:
+    """The op's class over its first max_samples samples (the worst of them)."""
     dtype = pick_dtype(op, dtype_key)
     if dtype is None:
         return _result("unsupported dtype", 0, "", {})
@@ -121,21 +124,24 @@ def run_op(op, name: str, dtype_key: str, max_samples: int, handler: _KilnLog) -
         samples = list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=False), max_samples))
     except Exception as e:  # noqa: BLE001 - the OpInfo itself failed
         return _result("skipped", 0, f"sample_inputs failed: {type(e).__name__}: {e}", {})
-    worst, detail, fallbacks, ran = "native pass", "", {}, 0
+    runner = _MODES[mode](op.op)
+    worst, detail, fallbacks, ran, strides = "native pass", "", {}, 0, ""
     LOOKED_UP.clear()
     for k, sample in enumerate(samples):
-        outcome = run_sample(op.op, sample, dtype, name in UNDEFINED_VALUES, handler)
+        outcome = runner.run(sample, name in UNDEFINED_VALUES, dtype)
         if outcome is None:
             continue  # eager fails on this sample
         ran += 1
-        cls, why, fb = outcome
-        fallbacks.update(fb)
-        if RANK[cls] < RANK[worst]:
-            worst, detail = cls, f"sample {k} ({_describe(sample)}): {why}"
+        fallbacks.update(outcome.fallbacks)
+        if outcome.strides and not strides:
+            strides = f"sample {k} ({_describe(sample)}): {outcome.strides}"
+        if RANK[outcome.cls] < RANK[worst]:
+            worst, detail = outcome.cls, f"sample {k} ({_describe(sample)}): {outcome.why}"
     if ran == 0:
         return _result("eager fails", 0, "", {})
     result = _result(worst, ran, detail, fallbacks)
     result["lowered"] = sorted(LOOKED_UP - set(fallbacks))
+    result["strides"] = strides
     return result
 
 
@@ -147,6 +153,189 @@ def _describe(sample) -> str:
 
     parts = [one(sample.input)] + [one(a) for a in sample.args] + [f"{k}={one(v)}" for k, v in sample.kwargs.items()]
     return ", ".join(str(p) for p in parts)[:160]
+
+
+@dataclass
+class Outcome:
+    cls: str
+    why: str = ""
+    fallbacks: dict[str, str] = field(default_factory=dict)
+    strides: str = ""  # an output laid out unlike eager's (reported, not part of the class)
+
+
+@dataclass
+class _Call:
+    """One sample as a call: positional and keyword arguments of the function compiled."""
+
+    fn: Callable
+    args: tuple
+    kwargs: dict
+
+    def clone(self) -> _Call:
+        fresh = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (self.args, self.kwargs))
+        return _Call(self.fn, *fresh)
+
+    def __call__(self) -> Any:
+        return self.fn(*self.args, **self.kwargs)
+
+
+class _Counted:
+    """A compiled graph that counts its calls: a sample whose call ran no graph was not captured."""
+
+    def __init__(self, fn: Callable, runs: list[int]):
+        self.fn, self.runs = fn, runs
+
+    def __call__(self, *args: Any) -> Any:
+        self.runs[0] += 1
+        return self.fn(*args)
+
+
+class _Runner:
+    """Runs samples eager and compiled and classifies each; subclasses say how samples
+    become calls and when to compile."""
+
+    options: ClassVar[dict] = {}  # kiln's options; KILN_TARGET picks the code generator, as for kiln.compile
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.runs = [0]  # calls of compiled graphs
+        self.history: list[_Call] = []  # the calls made so far, to replay without kiln
+
+    def call_of(self, sample) -> _Call:
+        raise NotImplementedError
+
+    def compiled(self, backend: Callable | str) -> Callable:
+        """The function to call the samples through, compiled with backend."""
+        raise NotImplementedError
+
+    def replay(self) -> list[_Call]:
+        """The calls another backend must make to reach the last one as kiln did."""
+        raise NotImplementedError
+
+    def kiln(self, gm, example_inputs):
+        return _Counted(kiln_backend(gm, example_inputs, Options.from_kwargs(**self.options)), self.runs)
+
+    def run(self, sample, values_undefined: bool, dtype: torch.dtype) -> Outcome | None:
+        """The sample's outcome, or None when eager itself fails."""
+        call = self.call_of(sample)
+        eager = call.clone()
+        torch.manual_seed(0)
+        try:
+            expected = eager()
+        except Exception:  # noqa: BLE001
+            return None
+        self.history.append(call)
+        actual_call = call.clone()
+        torch._dynamo.utils.counters.clear()
+        errors.FALLBACKS.clear()
+        runs_before = self.runs[0]
+        torch.manual_seed(0)
+        try:
+            actual = self.compiled(self.kiln)(*actual_call.args, **actual_call.kwargs)
+        except Exception as e:  # noqa: BLE001
+            if self._fails_without_kiln("eager"):
+                return Outcome("not captured", f"Dynamo fails: {_short(e)}")
+            return Outcome("crash", _short(e))
+        records = list(errors.FALLBACKS)
+        fallbacks = {r.op or "(whole graph)": r.reason for r in records if r.kind in ("by design", "unsupported")}
+        problem = self._kiln_problem(records)
+        if problem:
+            return Outcome(problem[0], problem[1], fallbacks)
+        mismatch = compare((actual, actual_call.args, actual_call.kwargs), (expected, eager.args, eager.kwargs),
+                           dtype, values_undefined)
+        if mismatch:
+            return Outcome("mismatch", mismatch, fallbacks)
+        fallbacks_and_strides = {"fallbacks": fallbacks, "strides": stride_difference(actual, expected)}
+        breaks = [*_counted("graph_break"), *_counted("unimplemented")]
+        refused = [b for b in breaks if b.startswith(_BACKEND_FAILED)]
+        if refused:  # the backend raised an error Dynamo turns into a graph break
+            cls = "not captured" if self._fails_without_kiln("aot_eager") else "crash"
+            return Outcome(cls, _first_line(refused[0]), **fallbacks_and_strides)
+        if breaks or self.runs[0] == runs_before:
+            why = "; ".join(map(_first_line, breaks[:2])) if breaks else "no compiled graph ran"
+            return Outcome("not captured", why, **fallbacks_and_strides)
+        return Outcome("fallback pass" if fallbacks else "native pass", "", **fallbacks_and_strides)
+
+    def _kiln_problem(self, records: list[errors.Fallback]) -> tuple[str, str] | None:
+        """A kiln bug among the fallback records: an internal error, or a graph that
+        AOTAutograd traces without kiln's decompositions but not with them."""
+        for r in records:
+            if r.kind == "internal":
+                return "crash", str(r)[:400]
+            if r.kind == "trace":
+                if self._fails_without_kiln("aot_eager"):
+                    return "not captured", str(r)[:400]
+                return "crash", str(r)[:400]
+        return None
+
+    def _fails_without_kiln(self, backend: str) -> bool:
+        """Whether the same calls, compiled by another backend, fail too (raise, or have the
+        backend's error turned into a graph break on the last call)."""
+        torch._dynamo.reset()
+        try:
+            compiled = self.compiled(backend)
+            for call in self.replay():
+                call = call.clone()
+                torch._dynamo.utils.counters.clear()
+                compiled(*call.args, **call.kwargs)
+            return any(b.startswith(_BACKEND_FAILED) for b in _counted("unimplemented"))
+        except Exception:  # noqa: BLE001
+            return True
+        finally:
+            torch._dynamo.reset()
+            self.restart()
+
+    def restart(self) -> None:
+        """Forget compiled state after a replay."""
+
+
+class _PerOp(_Runner):
+    """One compiled function per op, every sample's arguments passed through it."""
+
+    def __init__(self, fn: Callable):
+        super().__init__(fn)
+        torch._dynamo.reset()
+        self._compiled: dict[Any, Callable] = {}
+
+    def call_of(self, sample) -> _Call:
+        return _Call(self.fn, (sample.input, *sample.args), dict(sample.kwargs))
+
+    def compiled(self, backend):
+        if backend not in self._compiled:
+            fn = self.fn
+
+            def op_call(*args, **kwargs):
+                return fn(*args, **kwargs)
+
+            self._compiled[backend] = torch.compile(op_call, backend=backend)
+        return self._compiled[backend]
+
+    def replay(self):
+        return self.history
+
+    def restart(self) -> None:
+        # Dynamo's reset dropped kiln's graphs too: the next sample compiles afresh
+        self._compiled.clear()
+
+
+class _PerSample(_Runner):
+    """A fresh compile per sample, with the sample's non-tensor arguments as constants."""
+
+    options: ClassVar[dict] = {"dynamic": False}
+
+    def call_of(self, sample) -> _Call:
+        call, tensors = wrap(self.fn, sample)
+        return _Call(call, tuple(tensors), {})
+
+    def compiled(self, backend):
+        torch._dynamo.reset()
+        return torch.compile(self.history[-1].fn, backend=backend, dynamic=False)
+
+    def replay(self):
+        return self.history[-1:]
+
+
+_MODES: dict[str, type[_Runner]] = {"per-op": _PerOp, "per-sample": _PerSample}
 
 
 def wrap(fn, sample):
@@ -188,125 +377,19 @@ def _fill(v, tensors):
     return v
 
 
-def _clone(ts):
-    return [t.clone() if isinstance(t, torch.Tensor) else t for t in ts]
+_BACKEND_FAILED = "Backend compiler exception"
 
 
-def run_sample(fn, sample, dtype, values_undefined: bool, handler: _KilnLog):
-    """(class, reason, fallbacks), or None when eager itself fails."""
-    call, tensors = wrap(fn, sample)
-    eager_in = _clone(tensors)
-    torch.manual_seed(0)
-    try:
-        expected = call(*eager_in)
-    except Exception:  # noqa: BLE001
-        return None
-    kiln_in = _clone(tensors)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    handler.messages.clear()
-    graphs, before = [], len(REPORTS)
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return kiln_backend(gm, example_inputs, Options(dynamic=False))
-
-    torch.manual_seed(0)
-    try:
-        actual = torch.compile(call, backend=backend, dynamic=False)(*kiln_in)
-    except Exception as e:  # noqa: BLE001
-        if _fails_without_kiln(call, tensors, "eager"):
-            return "not captured", f"Dynamo fails: {_short(e)}", {}
-        return "crash", _short(e), {}
-    reports = REPORTS[before:]
-    fallbacks = {op: reason for r in reports for op, reason in r.fallbacks.items()}
-    fallbacks.update({"(whole graph)": m for m in handler.messages if "by design" in m})
-    problem = _kiln_problem(handler.messages, call, tensors)
-    if problem:
-        return problem[0], problem[1], fallbacks
-    mismatch = compare((actual, kiln_in), (expected, eager_in), dtype, values_undefined)
-    if mismatch:
-        return "mismatch", mismatch, fallbacks
-    breaks = torch._dynamo.utils.counters["graph_break"]
-    if breaks or not graphs:
-        why = "; ".join(list(breaks)[:2]) if breaks else "Dynamo captured no graph"
-        return "not captured", why[:300], fallbacks
-    return ("fallback pass" if fallbacks else "native pass"), "", fallbacks
+def _counted(kind: str) -> list[str]:
+    """The messages Dynamo counted under kind (graph breaks and their causes) since the last clear."""
+    return list(torch._dynamo.utils.counters[kind])
 
 
-def _kiln_problem(messages: list[str], call, tensors):
-    for m in messages:
-        if "by design" in m:
-            continue
-        if "AOTAutograd failed" in m:
-            if _fails_without_kiln(call, tensors, "aot_eager"):
-                return "not captured", m[:400]
-            return "crash", m[:400]
-        if "graph runs in ATen" in m or "(internal)" in m:
-            return "crash", m[:400]
-    return None
-
-
-def _fails_without_kiln(call, tensors, backend: str) -> bool:
-    torch._dynamo.reset()
-    try:
-        torch.compile(call, backend=backend, dynamic=False)(*_clone(tensors))
-        return False
-    except Exception:  # noqa: BLE001
-        return True
+def _first_line(message: str) -> str:
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return " ".join(lines[:3])[:300]
 
 
 def _short(e: Exception) -> str:
     text = f"{type(e).__name__}: {e}".replace("\n", " ")
     return text[:400]
-
-
-def compare(actual, expected, dtype, values_undefined: bool) -> str:
-    """'' when equal as eager's contract requires, else what differs."""
-    a_leaves, a_spec = tree_flatten(actual)
-    e_leaves, e_spec = tree_flatten(expected)
-    if len(a_leaves) != len(e_leaves):
-        return f"{len(a_leaves)} outputs, eager gives {len(e_leaves)}"
-    for k, (a, e) in enumerate(zip(a_leaves, e_leaves)):
-        why = _compare_one(a, e, values_undefined)
-        if why:
-            return f"output {k}: {why}"
-    return ""
-
-
-def _compare_one(a, e, values_undefined: bool) -> str:
-    if not isinstance(e, torch.Tensor):
-        if isinstance(a, torch.Tensor) or a != e and not (a != a and e != e):
-            return f"{a!r} != {e!r}"
-        return ""
-    if not isinstance(a, torch.Tensor):
-        return f"got {type(a).__name__}, eager gives a tensor"
-    if a.shape != e.shape or a.dtype != e.dtype:
-        return f"{a.dtype}{list(a.shape)} vs eager {e.dtype}{list(e.shape)}"
-    if values_undefined or e.numel() == 0:
-        return ""
-    if e.layout != torch.strided:
-        a, e = a.to_dense(), e.to_dense()
-    if e.is_floating_point() or e.is_complex():
-        try:
-            torch.testing.assert_close(a, e, equal_nan=True, **tolerance(e))
-        except AssertionError as err:
-            return str(err).replace("\n", " ")[:300]
-        return ""
-    if not torch.equal(a, e):
-        bad = (a != e).sum().item()
-        return f"{bad} of {e.numel()} values differ"
-    return ""
-
-
-def tolerance(e: torch.Tensor) -> dict:
-    """Element-wise ops round like eager; reductions may sum in another order, so the
-    absolute tolerance grows with the values' magnitude."""
-    finite = e[torch.isfinite(e)] if not e.is_complex() else e.abs()
-    scale = max(1.0, finite.abs().max().item()) if finite.numel() else 1.0
-    if e.dtype in (torch.bfloat16, torch.float16):
-        return dict(rtol=2e-2, atol=2e-2 * scale)
-    if e.dtype == torch.float64:
-        return dict(rtol=1e-7, atol=1e-9 * scale)
-    return dict(rtol=1e-4, atol=1e-5 * scale)
-
