@@ -55,11 +55,13 @@ def test_rows_off_16_byte_boundaries(dtype):
     def h(x, w):  # the weight from its second element on
         return f(x, w[1:])
 
+    # a float32 sum of thousands of terms near zero differs from eager's order by ~1e-5
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else None
     for n in (1021, 37, 4093):
         x, w = torch.randn(67, n, device=CUDA, dtype=dtype), torch.randn(n, device=CUDA, dtype=dtype)
-        check(f, x, w, expect_native=True)
-        check(g, torch.randn(67 * n + 3, device=CUDA, dtype=dtype), w, expect_native=True)
-        check(h, x, torch.randn(n + 1, device=CUDA, dtype=dtype), expect_native=True)
+        check(f, x, w, tol=tol, expect_native=True)
+        check(g, torch.randn(67 * n + 3, device=CUDA, dtype=dtype), w, tol=tol, expect_native=True)
+        check(h, x, torch.randn(n + 1, device=CUDA, dtype=dtype), tol=tol, expect_native=True)
         # a caller's tensor 3 elements off alignment: the launch falls back to Triton's JIT
         view = torch.randn(67 * n + 3, device=CUDA, dtype=dtype)[3:].view(67, n)
         w_view = torch.randn(n + 3, device=CUDA, dtype=dtype)[3:]
