@@ -124,11 +124,11 @@ def run_op(op, name: str, dtype_key: str, max_samples: int, mode: str = "per-op"
         samples = list(itertools.islice(op.sample_inputs("cpu", dtype, requires_grad=False), max_samples))
     except Exception as e:  # noqa: BLE001 - the OpInfo itself failed
         return _result("skipped", 0, f"sample_inputs failed: {type(e).__name__}: {e}", {})
-    runner = _MODES[mode](op.op)
+    samples_runner = runner(op.op, mode)
     worst, detail, fallbacks, ran, strides = "native pass", "", {}, 0, ""
     LOOKED_UP.clear()
     for k, sample in enumerate(samples):
-        outcome = runner.run(sample, name in UNDEFINED_VALUES, dtype)
+        outcome = samples_runner.run(sample, name in UNDEFINED_VALUES, dtype)
         if outcome is None:
             continue  # eager fails on this sample
         ran += 1
@@ -336,6 +336,11 @@ class _PerSample(_Runner):
 
 
 _MODES: dict[str, type[_Runner]] = {"per-op": _PerOp, "per-sample": _PerSample}
+
+
+def runner(fn: Callable, mode: str = "per-op") -> _Runner:
+    """What runs an op's samples, one after another, compiled and eager (`.run(sample, ...)`)."""
+    return _MODES[mode](fn)
 
 
 def wrap(fn, sample):
