@@ -110,6 +110,25 @@ def test_float_argument_that_was_a_tensor_on_the_first_call():
         assert_same(compiled(*args), f(*args))
 
 
+def test_batch_norm_update_with_a_momentum_that_changes():
+    """_batch_norm_with_update's decomposition needs the momentum's value while tracing; the
+    dispatcher hands that failure over as a RuntimeError, which must still mean "compile
+    for each value", not "kiln failed"."""
+    def f(x, w, b, mean, var, momentum, eps):
+        return torch.ops.aten._batch_norm_with_update(x, w, b, mean, var, momentum, eps)
+
+    compiled = kiln.compile(f)
+    records = len(errors.FALLBACKS)
+    for k, (shape, momentum) in enumerate((((5, 3, 4), 0.5), ((3, 3, 2), -1.2), ((4, 3, 6), 0.1))):
+        x, w, b = randn(*shape, seed=k), randn(3, seed=10 + k), randn(3, seed=20 + k)
+        mean, var = randn(3, seed=30 + k), randn(3, seed=40 + k).abs() + 0.5
+        eager_stats, kiln_stats = (mean.clone(), var.clone()), (mean.clone(), var.clone())
+        expected = f(x, w, b, *eager_stats, momentum, 1e-5)
+        assert_same(compiled(x, w, b, *kiln_stats, momentum, 1e-5), expected)
+        assert_same(kiln_stats, eager_stats)
+    assert not [r for r in list(errors.FALLBACKS)[records:] if r.kind == "internal"]
+
+
 OPINFO_OPS = ["nn.functional.layer_norm", "nn.functional.rms_norm", "nn.functional.batch_norm",
               "nn.functional.instance_norm", "nn.functional.normalize", "nn.functional.threshold",
               "full", "full_like"]

@@ -210,11 +210,24 @@ def _compile_shape(gm: fx.GraphModule, args: tuple, options: Options) -> Callabl
     fake_log.setLevel(logging.CRITICAL)  # it logs the failure that the except clause expects
     try:
         fn = _trace_and_compile(specialized, _trace_inputs(inputs(args)), options)
-    except GuardOnDataDependentSymNode:
+    except Exception as e:
+        if not _needs_values(e):
+            raise
         return _PerValue(gm, options)
     finally:
         fake_log.setLevel(level)
     return lambda *call_args: fn(*inputs(call_args))
+
+
+def _needs_values(e: BaseException) -> bool:
+    """Whether tracing failed because an op needs a number's value. An op whose schema
+    PyTorch's dispatcher matches in C++ (e.g. _batch_norm_with_update) re-raises the Python
+    error of its decomposition as a RuntimeError that keeps only its text."""
+    while e is not None:
+        if isinstance(e, GuardOnDataDependentSymNode) or "error details: GuardOnDataDependentSymNode" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _numbers_to_move(gm: fx.GraphModule, args: tuple) -> tuple[torch.device | None, frozenset[int]]:

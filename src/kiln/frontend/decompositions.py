@@ -60,6 +60,12 @@ def _batch_norm_no_training(input, weight, bias, running_mean, running_var, mome
                                     functional=True)[:3]
 
 
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """take() as a gather through a 1-d index: PyTorch's decomposition indexes with the index
+    as it is, and a 0-d index then becomes a Python number read from the tensor (.item())."""
+    return x.reshape(-1)[index.reshape(-1)].reshape(index.shape)
+
+
 @functools.cache
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
@@ -67,6 +73,7 @@ def decomposition_table() -> dict:
     table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_no_training
     table[aten.gelu.default] = _gelu_tanh_only(table[aten.gelu.default])
     table[aten.addcmul.default] = _integer_value_truncated(table[aten.addcmul.default])
+    table[aten.take.default] = _take
     for op in KEEP:
         table.pop(op, None)
     return table
