@@ -1,0 +1,126 @@
+"""Run one fuzz program: eager, a float64 reference, and the compiler under test (kiln, or
+Inductor to calibrate the comparison); classify the outcome."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from kiln import errors
+from kiln.tools.fuzz.compare import Run, compare_runs, grad_targets
+from kiln.tools.fuzz.program import Program, load
+
+# Outcome classes. Failures: the compiler raised, kiln fell back on an internal error (or
+# AOTAutograd failed under kiln), or a result differs. The rest are counted, not failures.
+# "upstream": the compiler raised, and so does Dynamo + AOTAutograd without it (aot_eager).
+FAILURES = ("crash", "internal fallback", "mismatch")
+CLASSES = FAILURES + ("upstream", "not captured", "fallback", "pass")
+
+
+@dataclass
+class Outcome:
+    cls: str
+    detail: str = ""
+    fallbacks: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.cls in FAILURES
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compiler(against: str) -> Callable[[Callable], Callable]:
+    """fn -> compiled fn: "kiln" (KILN_TARGET picks C++ or Triton), "inductor", or "eager"
+    (Dynamo alone: what the fuzzer itself gets wrong shows there)."""
+    if against == "kiln":
+        import kiln
+
+        return kiln.compile
+    backend = {"inductor": "inductor", "eager": "eager", "aot_eager": "aot_eager"}[against]
+    return lambda fn: torch.compile(fn, backend=backend)
+
+
+def execute(fn: Callable, inputs: list, program: Program) -> Run:
+    outs = fn(*inputs)
+    grads = None
+    if program.grad:
+        targets = grad_targets(outs, inputs, program.seed)
+        if targets is not None:
+            sel, wrt, cots = targets
+            cots = [c.to(o.dtype) for c, o in zip(cots, sel)]
+            grads = list(torch.autograd.grad(sel, wrt, cots, allow_unused=True))
+    detach = lambda ts: [t.detach() if isinstance(t, torch.Tensor) else t for t in ts]  # noqa: E731
+    return Run(detach(outs), detach(inputs), None if grads is None else detach(grads))
+
+
+def reference(ns: dict, program: Program) -> Run | None:
+    """The program in float64 (floating inputs and the default dtype), or None if it cannot."""
+    inputs = []
+    for x in ns["make_inputs"]():
+        if x.is_floating_point():
+            x = x.detach().double().requires_grad_(x.requires_grad)
+        inputs.append(x)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return execute(ns["f"], inputs, program)
+    except Exception:  # noqa: BLE001 - e.g. an explicit cast makes dtypes disagree in float64
+        return None
+    finally:
+        torch.set_default_dtype(default)
+
+
+def run_program(program: Program, against: str = "kiln") -> Outcome:
+    t0 = time.time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outcome = _run(program, against)
+    outcome.seconds = round(time.time() - t0, 3)
+    return outcome
+
+
+def _run(program: Program, against: str) -> Outcome:
+    ns = load(program)
+    expected = execute(ns["f"], ns["make_inputs"](), program)
+    ref = reference(ns, program)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    errors.FALLBACKS.clear()
+    try:
+        actual = execute(compiler(against)(ns["f"]), ns["make_inputs"](), program)
+    except Exception as e:  # noqa: BLE001 - the compiler under test raised
+        if against != "aot_eager" and _fails_without(ns, program, "aot_eager"):
+            return Outcome("upstream", short(e))
+        return Outcome("crash", short(e))
+    records = list(errors.FALLBACKS)
+    shown = sorted({f"{r.kind}: {r.op or 'graph'}" for r in records})
+    bad = [r for r in records if r.kind in ("internal", "trace")]
+    if bad:
+        return Outcome("internal fallback", f"{bad[0].kind} {bad[0].op or 'graph'}: {bad[0].reason}"[:500], shown)
+    why = compare_runs(actual, expected, ref)
+    if why:
+        return Outcome("mismatch", why, shown)
+    breaks = torch._dynamo.utils.counters["graph_break"]
+    if breaks:
+        return Outcome("not captured", "; ".join(list(breaks)[:2])[:300], shown)
+    return Outcome("fallback" if records else "pass", "", shown)
+
+
+def _fails_without(ns: dict, program: Program, against: str) -> bool:
+    torch._dynamo.reset()
+    try:
+        execute(compiler(against)(ns["f"]), ns["make_inputs"](), program)
+        return False
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def short(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".replace("\n", " ")[:500]
