@@ -161,10 +161,14 @@ class Context:
         return self.exact.get(arg, True)
 
     def _restore(self, before: dict) -> None:
+        """Undo a rejected in-place statement (an expanded value cannot be written: draw anew)."""
         with torch.no_grad():
             for n, t in before.items():
-                if isinstance(t, torch.Tensor):
-                    self.env[n].copy_(t)
+                if isinstance(t, torch.Tensor) and not torch.equal(self.env[n], t):
+                    try:
+                        self.env[n].copy_(t)
+                    except RuntimeError as e:
+                        raise _Redraw(f"cannot undo a rejected update of {n}") from e
 
     def _taint(self, updated: torch.Tensor) -> None:
         """An inexact in-place update makes every value sharing its storage inexact."""

@@ -1,0 +1,116 @@
+"""kiln's fuzzer: a fixed budget of random programs compiled by kiln must match eager (on the
+C++ path; a small sample of tiny programs when CI runs tests/e2e through Triton's
+interpreter), and the fuzzer itself must catch and shrink a wrong compiler."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kiln.tools.fuzz.compare import RTOL, compare_tensor
+from kiln.tools.fuzz.grammar import generate
+from kiln.tools.fuzz.program import render, reproducer
+from kiln.tools.fuzz.runner import run_program
+from kiln.tools.fuzz.shrink import shrink
+
+TRITON = os.environ.get("KILN_TARGET") == "triton"
+# (seed, programs): about a minute on the C++ path on a 2-core machine
+BUDGET = (15, 10) if TRITON else (15, 90)
+
+
+def test_fuzz_budget():
+    seed, n = BUDGET
+    failures = []
+    for index in range(n):
+        program = generate(seed, index, "tiny" if TRITON else "cpu")
+        outcome = run_program(program)
+        if outcome.failed:
+            failures.append(f"{outcome.cls}: {outcome.detail}\n{reproducer(program)}")
+    assert not failures, f"{len(failures)} of {n} programs fail:\n\n" + "\n\n".join(failures[:3])
+
+
+def test_programs_are_deterministic():
+    assert render(generate(3, 7)) == render(generate(3, 7))
+    assert render(generate(3, 7)) != render(generate(3, 8))
+
+
+def _perturbed(scale: float):
+    """A 'compiler' that runs the function and moves every float output by scale (relative)."""
+
+    def compile_fn(fn):
+        compiled = torch.compile(fn, backend="eager")
+
+        def run(*args):
+            return tuple(o + o.detach() * scale if o.is_floating_point() else o for o in compiled(*args))
+
+        return run
+
+    return compile_fn
+
+
+def _first_float_program(seed: int):
+    for index in range(50):
+        program = generate(seed, index)
+        if run_program(program, "eager").cls == "pass" and "float" in render(program) and not program.grad:
+            outs = run_program(program, _perturbed(1e-2))
+            if outs.cls == "mismatch":
+                return program
+    raise AssertionError("no float program found")
+
+
+def test_catches_a_wrong_result_and_accepts_eager():
+    program = _first_float_program(4)
+    assert run_program(program, "eager").cls == "pass"
+    assert run_program(program, _perturbed(1e-2)).cls == "mismatch"
+
+
+def _sin_as_cos(gm, example_inputs):
+    """A wrong compiler: every torch.sin computes cos."""
+    for node in gm.graph.nodes:
+        if node.target is torch.sin:
+            node.target = torch.cos
+    gm.recompile()
+    return gm.forward
+
+
+def test_shrinks_a_failure_to_its_cause():
+    wrong = lambda fn: torch.compile(fn, backend=_sin_as_cos)  # noqa: E731
+    for index in range(300):
+        program = generate(21, index)
+        if "torch.sin(" in render(program) and len(program.stmts) >= 3 and not program.grad:
+            if run_program(program, wrong).cls == "mismatch":
+                break
+    else:
+        raise AssertionError("no failing program with torch.sin")
+    small = shrink(program, lambda p: run_program(p, wrong).cls == "mismatch", budget_s=60)
+    assert len(small.stmts) < len(program.stmts)
+    assert "torch.sin(" in render(small)
+    assert run_program(small, wrong).cls == "mismatch"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_tolerance_admits_ulps_and_rejects_errors(dtype):
+    e = torch.randn(64).to(dtype)
+    eps = torch.finfo(dtype).eps
+    assert compare_tensor(e + e * eps, e) == ""
+    assert compare_tensor(e + e.abs().max() * 3 * RTOL[dtype], e) != ""  # past rtol |e| + rtol max|e|
+    nan = e.clone()
+    nan[3] = float("nan")
+    assert compare_tensor(e, nan) != "" and compare_tensor(nan, e) != ""
+
+
+def test_reference_admits_a_more_precise_low_precision_chain():
+    x = torch.randn(256, dtype=torch.float64)
+    eager = ((x.bfloat16() * 3).bfloat16() - x.bfloat16() * 2.9).bfloat16()  # rounds after each op
+    kept_fp32 = (x.bfloat16().float() * 3 - x.bfloat16().float() * 2.9).bfloat16()
+    ref = x.bfloat16().double() * 3 - x.bfloat16().double() * 2.9
+    assert compare_tensor(kept_fp32, eager, ref) == ""
+    assert compare_tensor(kept_fp32 + 0.5, eager, ref) != ""
+
+
+def test_strides_of_dense_outputs_must_match():
+    e = torch.randn(4, 6).t()
+    assert compare_tensor(e.contiguous(), e) != ""
+    assert compare_tensor(e.clone(), e) == ""
