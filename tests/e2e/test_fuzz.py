@@ -76,12 +76,12 @@ def _sin_as_cos(gm, example_inputs):
 
 
 def test_shrinks_a_failure_to_its_cause():
-    wrong = lambda fn: torch.compile(fn, backend=_sin_as_cos)  # noqa: E731
+    wrong = lambda fn: torch.compile(fn, backend=_sin_as_cos)
     for index in range(300):
         program = generate(21, index)
-        if "torch.sin(" in render(program) and len(program.stmts) >= 3 and not program.grad:
-            if run_program(program, wrong).cls == "mismatch":
-                break
+        candidate = "torch.sin(" in render(program) and len(program.stmts) >= 3 and not program.grad
+        if candidate and run_program(program, wrong).cls == "mismatch":
+            break
     else:
         raise AssertionError("no failing program with torch.sin")
     small = shrink(program, lambda p: run_program(p, wrong).cls == "mismatch", budget_s=60)

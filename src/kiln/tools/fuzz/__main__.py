@@ -36,8 +36,8 @@ def _parse(argv):
 def jobs_for(args) -> list[dict]:
     profile = args.profile or ("tiny" if args.target == "triton" else "cpu")
     excluded = [] if args.no_exclusions else sorted(KNOWN_BUGS)
-    return [dict(seed=args.seed, index=i, against=args.against, profile=profile, excluded=excluded,
-                 timeout=args.timeout, shrink_seconds=args.shrink_seconds)
+    return [{"seed": args.seed, "index": i, "against": args.against, "profile": profile, "excluded": excluded,
+             "timeout": args.timeout, "shrink_seconds": args.shrink_seconds}
             for i in range(args.start, args.start + args.n)]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from kiln.tools.fuzz.grammar import Context, Draw
-from kiln.tools.fuzz.program import FLOAT_DTYPES
 
 F = "torch.nn.functional"
 
@@ -141,14 +140,14 @@ def cast(ctx: Context) -> Draw | None:
     return Draw(fmt, (a,), True, src == "float" and dst == "bool")
 
 
-def _dims(ctx: Context, rank: int, single: bool = False) -> str:
-    """', dim=...' over a random subset of dims (negative at times), or '' (all dims)."""
+def _dims(ctx: Context, rank: int, single: bool = False) -> tuple[str, list[int] | None]:
+    """(', dim=...', dims) over a random subset of dims (negative at times), or ('', None): all."""
     rng = ctx.rng
     if rank == 0 or rng.random() < 0.2:
-        return ""
+        return "", None
     chosen = rng.sample(range(rank), 1 if single else rng.randint(1, rank))
     shown = [d - rank if rng.random() < 0.3 else d for d in chosen]
-    return f", dim={shown[0]}" if single else f", dim={shown}"
+    return (f", dim={shown[0]}" if single else f", dim={shown}"), chosen
 
 
 REDUCTIONS = [
@@ -169,11 +168,28 @@ REDUCTIONS = [
 ]
 
 
+def _constant_rows(t: torch.Tensor, dims: list[int] | None) -> bool:
+    """Some row over dims (all dims if None) has all values equal (a size-1 row included)."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return False
+    dims = list(range(t.dim())) if dims is None else dims
+    if not dims:
+        return True
+    with torch.no_grad():
+        return bool((t.amax(dims) == t.amin(dims)).any())
+
+
+CENTERING = ("torch.var(", "torch.std(")
+
+
 def reduction(ctx: Context) -> Draw | None:
     a = ctx.pick()
     fmt, single, preserves, needs_exact = ctx.rng.choice(REDUCTIONS)
-    dims = _dims(ctx, ctx.t(a).dim(), single)
+    dims, chosen = _dims(ctx, ctx.t(a).dim(), single)
     if "cumsum" in fmt and not dims:
+        return None
+    excluded = fmt.startswith(CENTERING) and ctx.excludes("constant-rows-centering")
+    if excluded and _constant_rows(ctx.t(a), chosen):
         return None
     keep = ", keepdim=True" if dims and ctx.rng.random() < 0.4 else ""
     return Draw(fmt.replace("{dims}", dims).replace("{keep}", keep), (a,), preserves, needs_exact)
@@ -197,6 +213,8 @@ def normalization(ctx: Context) -> Draw | None:
         return Draw(f"{F}.normalize({{0}}, dim={d})", (a,))
     k = rng.randint(1, min(2, t.dim()))
     shape = list(t.shape[-k:])
+    if choice == 4 and ctx.excludes("constant-rows-centering") and _constant_rows(t, list(range(-k, 0))):
+        return None
     if choice == 4:
         if rng.random() < 0.5:
             dt = str(t.dtype).removeprefix("torch.")
@@ -209,6 +227,9 @@ def normalization(ctx: Context) -> Draw | None:
 def batch_norm(ctx: Context) -> Draw | None:
     a = ctx.pick(lambda t: t.is_floating_point() and t.dim() >= 2)
     if a is None:
+        return None
+    t = ctx.t(a)
+    if ctx.excludes("constant-rows-centering") and _constant_rows(t, [0] + list(range(2, t.dim()))):
         return None
     return Draw(f"{F}.batch_norm({{0}}, None, None, training=True)", (a,))
 
@@ -451,7 +472,10 @@ def inplace(ctx: Context) -> Draw | None:
         return Draw("{0}[" + index + "] = {1}", (a, value), True, inplace=True)
     fmt, preserves = rng.choice(INPLACE)
     if "{1}" in fmt:
-        b = operand(ctx, a, scalars="maximum" not in fmt and "masked" not in fmt)
+        scalars = not any(w in fmt for w in ("maximum", "masked"))
+        if "copy_" in fmt and ctx.excludes("copy-from-scalar"):
+            scalars = False
+        b = operand(ctx, a, scalars=scalars)
         return Draw(fmt, (a, b), preserves, needs_exact="masked" in fmt, inplace=True)
     return Draw(fmt, (a,), preserves, inplace=True)
 
@@ -461,10 +485,6 @@ class _Index:
 
     def __getitem__(self, index):
         return index
-
-
-def _is_float_dtype(name: str) -> bool:
-    return name in FLOAT_DTYPES
 
 
 FAMILIES = [

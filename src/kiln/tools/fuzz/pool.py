@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from kiln.tools.fuzz.grammar import generate
 from kiln.tools.fuzz.program import render, reproducer
@@ -58,7 +58,7 @@ def run_job(job: dict) -> dict:
     if outcome.failed:
         result["source"] = reproducer(program, COMPILE_LINE[against])
         if job["shrink_seconds"] > 0:
-            same = lambda p: run_timed(p, against, job["timeout"]).cls == outcome.cls  # noqa: E731
+            same = lambda p: run_timed(p, against, job["timeout"]).cls == outcome.cls
             small = shrink(program, same, job["shrink_seconds"])
             result["shrunk"] = reproducer(small, COMPILE_LINE[against])
             result["shrunk_detail"] = run_timed(small, against, job["timeout"]).detail

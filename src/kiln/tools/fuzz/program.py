@@ -60,7 +60,7 @@ class Program:
     grad: bool = False
     notes: tuple[str, ...] = field(default=())
 
-    def with_(self, **changes) -> "Program":
+    def with_(self, **changes) -> Program:
         return replace(self, **changes)
 
     @property
@@ -157,7 +157,7 @@ def reproducer(program: Program, compile_line: str = "kiln.compile(f)") -> str:
 def load(program: Program) -> dict:
     """exec the program's source: a namespace with f and make_inputs."""
     namespace: dict = {}
-    exec(compile(render(program), f"<fuzz {program.name}>", "exec"), namespace)
+    exec(compile(render(program), f"<fuzz {program.name}>", "exec"), namespace)  # noqa: S102 - our own source
     return namespace
 
 

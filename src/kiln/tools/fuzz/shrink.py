@@ -4,8 +4,8 @@ inputs, for as long as the program still runs in eager and still fails the same 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Callable, Iterator
 
 from kiln.tools.fuzz.grammar import check_eager
 from kiln.tools.fuzz.program import InputSpec, Program, Stmt
@@ -74,9 +74,9 @@ def _bypass(p: Program, k: int) -> Iterator[Program]:
     stmt = p.stmts[k]
     names = {s.name for s in p.inputs} | {s.target for s in p.stmts[:k] if s.target}
     for arg in dict.fromkeys(a for a in stmt.args if a in names):
-        rename = lambda n: arg if n == stmt.target else n  # noqa: E731
-        later = tuple(replace(s, args=tuple(map(rename, s.args))) for s in p.stmts[k + 1:])
-        outputs = tuple(dict.fromkeys(map(rename, p.outputs)))
+        rename = {stmt.target: arg}
+        later = tuple(replace(s, args=tuple(rename.get(n, n) for n in s.args)) for s in p.stmts[k + 1:])
+        outputs = tuple(dict.fromkeys(rename.get(n, n) for n in p.outputs))
         yield replace(p, stmts=p.stmts[:k] + later, outputs=outputs)
 
 
