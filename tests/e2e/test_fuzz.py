@@ -114,3 +114,10 @@ def test_strides_of_dense_outputs_must_match():
     e = torch.randn(4, 6).t()
     assert compare_tensor(e.contiguous(), e) != ""
     assert compare_tensor(e.clone(), e) == ""
+
+
+def test_exact_values_compare_bit_for_bit():
+    e = torch.tensor([0.0, -0.0, float("nan"), 1.5])
+    assert compare_tensor(e.clone(), e, bitwise=True) == ""
+    assert compare_tensor(torch.tensor([0.0, 0.0, float("nan"), 1.5]), e, bitwise=True) != ""
+    assert compare_tensor(torch.tensor([0.0, -0.0, float("nan"), 1.5000001]), e, bitwise=True) != ""

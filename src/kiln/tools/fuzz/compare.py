@@ -40,8 +40,12 @@ def grad_targets(outs, inputs, seed: int):
     return sel, wrt, cots
 
 
-def compare_runs(actual: Run, expected: Run, ref: Run | None) -> str:
-    """'' when the compiled run matches eager's, else what differs first."""
+def compare_runs(actual: Run, expected: Run, ref: Run | None, exact: list[bool] | None = None,
+                 strides: bool = True) -> str:
+    """'' when the compiled run matches eager's, else what differs first. exact flags the
+    outputs, then the inputs, that must equal eager's bit for bit (zeros' signs included)."""
+    exact = exact or []
+    n_out = len(expected.outputs)
     groups = [("output", actual.outputs, expected.outputs, ref.outputs if ref else None),
               ("input after the call", actual.inputs, expected.inputs, ref.inputs if ref else None)]
     if expected.grads is not None:
@@ -52,13 +56,15 @@ def compare_runs(actual: Run, expected: Run, ref: Run | None) -> str:
             return f"{len(a_list)} {what}s, eager has {len(e_list)}"
         for k, (a, e) in enumerate(zip(a_list, e_list)):
             r = r_list[k] if r_list is not None and k < len(r_list) else None
-            why = compare_tensor(a, e, r, strides=what == "output")
+            flag = {"output": k, "input after the call": n_out + k}.get(what)
+            bitwise = flag is not None and flag < len(exact) and exact[flag]
+            why = compare_tensor(a, e, r, strides=strides and what == "output", bitwise=bitwise)
             if why:
                 return f"{what} {k}: {why}"
     return ""
 
 
-def compare_tensor(a, e, r=None, strides: bool = True) -> str:
+def compare_tensor(a, e, r=None, strides: bool = True, bitwise: bool = False) -> str:
     if a is None and e is None:
         return ""
     if a is None or e is None:  # an unused input's gradient: None or zeros, both mean zero
@@ -78,7 +84,19 @@ def compare_tensor(a, e, r=None, strides: bool = True) -> str:
             return ""
         wrong = (a != e).nonzero()[0].tolist()
         return f"{int((a != e).sum())} of {e.numel()} differ, first at {wrong}: {a[tuple(wrong)]} vs {e[tuple(wrong)]}"
+    if bitwise:
+        return _compare_bitwise(a, e)
     return _compare_float(a, e, r)
+
+
+def _compare_bitwise(a: torch.Tensor, e: torch.Tensor) -> str:
+    """Equal values, NaN where eager has NaN, and zeros of the same sign."""
+    same = ((a == e) & (a.signbit() == e.signbit())) | (a.isnan() & e.isnan())
+    if bool(same.all()):
+        return ""
+    at = tuple((~same).nonzero()[0].tolist())
+    return (f"{int((~same).sum())} of {e.numel()} values differ (an exact value), first at {list(at)}: "
+            f"{a[at].item()!r} vs eager {e[at].item()!r}")
 
 
 def _compare_float(a: torch.Tensor, e: torch.Tensor, r: torch.Tensor | None) -> str:

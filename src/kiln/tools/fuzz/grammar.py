@@ -230,8 +230,9 @@ def _draw(rng: random.Random, seed: int, index: int, profile: Profile, excluded:
     outputs = _outputs(ctx)
     if not outputs:
         raise _Redraw("no output")
+    exact = frozenset(n for n, e in ctx.exact.items() if e)
     return Program(seed=seed, index=index, inputs=tuple(ctx.inputs), stmts=tuple(ctx.stmts),
-                   outputs=tuple(outputs), grad=ctx.grad)
+                   outputs=tuple(outputs), grad=ctx.grad, exact=exact)
 
 
 def _drop_inputs(ctx: Context, keep: int) -> None:

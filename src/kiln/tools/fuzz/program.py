@@ -58,7 +58,7 @@ class Program:
     stmts: tuple[Stmt, ...]
     outputs: tuple[str, ...]
     grad: bool = False
-    notes: tuple[str, ...] = field(default=())
+    exact: frozenset[str] = field(default=frozenset())  # values every compiler computes bit for bit
 
     def with_(self, **changes) -> Program:
         return replace(self, **changes)
