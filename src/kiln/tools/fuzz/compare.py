@@ -40,8 +40,7 @@ def grad_targets(outs, inputs, seed: int):
     return sel, wrt, cots
 
 
-def compare_runs(actual: Run, expected: Run, ref: Run | None, exact: list[bool] | None = None,
-                 strides: bool = True) -> str:
+def compare_runs(actual: Run, expected: Run, ref: Run | None, exact: list[bool] | None = None) -> str:
     """'' when the compiled run matches eager's, else what differs first. exact flags the
     outputs, then the inputs, that must equal eager's bit for bit (zeros' signs included)."""
     exact = exact or []
@@ -58,7 +57,7 @@ def compare_runs(actual: Run, expected: Run, ref: Run | None, exact: list[bool] 
             r = r_list[k] if r_list is not None and k < len(r_list) else None
             flag = {"output": k, "input after the call": n_out + k}.get(what)
             bitwise = flag is not None and flag < len(exact) and exact[flag]
-            why = compare_tensor(a, e, r, strides=strides and what == "output", bitwise=bitwise)
+            why = compare_tensor(a, e, r, strides=what == "output", bitwise=bitwise)
             if why:
                 return f"{what} {k}: {why}"
     return ""
