@@ -121,3 +121,11 @@ def test_exact_values_compare_bit_for_bit():
     assert compare_tensor(e.clone(), e, bitwise=True) == ""
     assert compare_tensor(torch.tensor([0.0, 0.0, float("nan"), 1.5]), e, bitwise=True) != ""
     assert compare_tensor(torch.tensor([0.0, -0.0, float("nan"), 1.5000001]), e, bitwise=True) != ""
+
+
+def test_tiny_results_carry_the_error_of_unit_scale_terms():
+    # the gradient of rms_norm over one element: terms near 1 cancel to about 3e-9
+    ref = torch.tensor([-3.4974535e-09], dtype=torch.float64)
+    eager = torch.tensor([-3.2837668e-09])
+    assert compare_tensor(torch.tensor([-4.0398751e-09]), eager, ref) == ""
+    assert compare_tensor(torch.tensor([-1e-6]), eager, ref) != ""
