@@ -334,8 +334,10 @@ def rearrange(ctx: Context) -> Draw | None:
         d = rng.randrange(r)
         shape = list(t.shape)
         shape[d] = rng.choice((0, 1, 2, 3, shape[d]))
-        return Draw(f"torch.cat([{{0}}, {{1}}], dim={d - r if rng.random() < 0.3 else d})",
-                    (a, _like(ctx, t, tuple(shape))), True)
+        b = _like(ctx, t, tuple(shape))
+        if ctx.excludes("cat-empty-alias") and 0 in (t.numel(), ctx.t(b).numel()):
+            return None
+        return Draw(f"torch.cat([{{0}}, {{1}}], dim={d - r if rng.random() < 0.3 else d})", (a, b), True)
     if choice == 1:
         return Draw(f"torch.stack([{{0}}, {{1}}], dim={rng.randint(0, r)})", (a, _like(ctx, t, tuple(t.shape))), True)
     if choice == 2 and r >= 1:
