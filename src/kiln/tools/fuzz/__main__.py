@@ -20,10 +20,18 @@ def _parse(argv):
     p.add_argument("--n", type=int, default=100, help="number of programs")
     p.add_argument("--start", type=int, default=0, help="index of the first program")
     p.add_argument("--jobs", type=int, default=2, help="worker processes (0: run in this process)")
-    p.add_argument("--against", default="kiln", choices=("kiln", "inductor", "eager", "aot_eager"),
-                   help="compiler under test; inductor calibrates the comparison")
-    p.add_argument("--target", default="cpp", choices=("cpp", "triton"),
-                   help="kiln's code generator; triton runs in Triton's CPU interpreter")
+    p.add_argument(
+        "--against",
+        default="kiln",
+        choices=("kiln", "inductor", "eager", "aot_eager"),
+        help="compiler under test; inductor calibrates the comparison",
+    )
+    p.add_argument(
+        "--target",
+        default="cpp",
+        choices=("cpp", "triton"),
+        help="kiln's code generator; triton runs in Triton's CPU interpreter",
+    )
     p.add_argument("--profile", choices=sorted(PROFILES), help="shapes: cpu (default for cpp) or tiny")
     p.add_argument("--no-exclusions", action="store_true", help="also generate programs of known bugs")
     p.add_argument("--shrink-seconds", type=float, default=60, help="time to shrink each failure (0: none)")
@@ -36,9 +44,18 @@ def _parse(argv):
 def jobs_for(args) -> list[dict]:
     profile = args.profile or ("tiny" if args.target == "triton" else "cpu")
     excluded = [] if args.no_exclusions else sorted(KNOWN_BUGS)
-    return [{"seed": args.seed, "index": i, "against": args.against, "profile": profile, "excluded": excluded,
-             "timeout": args.timeout, "shrink_seconds": args.shrink_seconds}
-            for i in range(args.start, args.start + args.n)]
+    return [
+        {
+            "seed": args.seed,
+            "index": i,
+            "against": args.against,
+            "profile": profile,
+            "excluded": excluded,
+            "timeout": args.timeout,
+            "shrink_seconds": args.shrink_seconds,
+        }
+        for i in range(args.start, args.start + args.n)
+    ]
 
 
 def signature(result: dict) -> str:
@@ -61,7 +78,7 @@ def main(argv=None) -> int:
         os.environ.update(env)  # before kiln and Triton are imported
     from kiln.tools.fuzz.pool import run_jobs
 
-    out = open(args.out, "w") if args.out else None
+    out = open(args.out, "w") if args.out else None  # noqa: SIM115 - written as results come
     counts: collections.Counter = collections.Counter()
     fallbacks: collections.Counter = collections.Counter()
     failures: dict[str, list[dict]] = collections.defaultdict(list)
@@ -81,20 +98,29 @@ def main(argv=None) -> int:
             print(f"[{done}/{args.n}, {time.time() - t0:.0f} s] {dict(counts)}", flush=True)
 
     run_jobs(jobs_for(args), args.jobs, on_result, env)
+    if out:
+        out.close()
     print(_summary(args, counts, fallbacks, failures, time.time() - t0))
     return 1 if failures else 0
 
 
 def _summary(args, counts, fallbacks, failures, seconds: float) -> str:
-    lines = [f"\n{sum(counts.values())} programs (seed {args.seed}, against {args.against}, target {args.target}) "
-             f"in {seconds:.0f} s"]
+    run = f"seed {args.seed}, against {args.against}, target {args.target}"
+    lines = [f"\n{sum(counts.values())} programs ({run}) in {seconds:.0f} s"]
     lines += [f"  {cls}: {counts[cls]}" for cls in CLASSES + ("eager fails",) if counts[cls]]
     if fallbacks:
-        lines.append("ATen fallbacks (kind: op): " + ", ".join(f"{k} x{n}" for k, n in fallbacks.most_common(12)))
+        lines.append(
+            "ATen fallbacks (kind: op): " + ", ".join(f"{k} x{n}" for k, n in fallbacks.most_common(12))
+        )
     for sig, results in sorted(failures.items(), key=lambda kv: -len(kv[1])):
         first = results[0]
-        lines += ["", f"== {len(results)} x {sig}", f"programs {[r['index'] for r in results][:20]}",
-                  first.get("shrunk_detail") or first.get("detail", ""), first.get("shrunk") or first.get("source", "")]
+        lines += [
+            "",
+            f"== {len(results)} x {sig}",
+            f"programs {[r['index'] for r in results][:20]}",
+            first.get("shrunk_detail") or first.get("detail", ""),
+            first.get("shrunk") or first.get("source", ""),
+        ]
     return "\n".join(lines)
 
 

@@ -40,8 +40,10 @@ def grad_targets(outs, inputs, seed: int):
     wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
     if not sel or not wrt:
         return None
-    cots = [torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + k)).to(o.dtype)
-            for k, o in enumerate(sel)]
+    cots = [
+        torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + k)).to(o.dtype)
+        for k, o in enumerate(sel)
+    ]
     return sel, wrt, cots
 
 
@@ -50,11 +52,19 @@ def compare_runs(actual: Run, expected: Run, ref: Run | None, exact: list[bool] 
     outputs, then the inputs, that must equal eager's bit for bit (zeros' signs included)."""
     exact = exact or []
     n_out = len(expected.outputs)
-    groups = [("output", actual.outputs, expected.outputs, ref.outputs if ref else None),
-              ("input after the call", actual.inputs, expected.inputs, ref.inputs if ref else None)]
+    groups = [
+        ("output", actual.outputs, expected.outputs, ref.outputs if ref else None),
+        ("input after the call", actual.inputs, expected.inputs, ref.inputs if ref else None),
+    ]
     if expected.grads is not None:
-        groups.append(("gradient of input", actual.grads or [], expected.grads,
-                       ref.grads if ref and ref.grads is not None else None))
+        groups.append(
+            (
+                "gradient of input",
+                actual.grads or [],
+                expected.grads,
+                ref.grads if ref and ref.grads is not None else None,
+            )
+        )
     for what, a_list, e_list, r_list in groups:
         if len(a_list) != len(e_list):
             return f"{len(a_list)} {what}s, eager has {len(e_list)}"
@@ -86,8 +96,8 @@ def compare_tensor(a, e, r=None, strides: bool = True, bitwise: bool = False) ->
     if not e.is_floating_point():
         if torch.equal(a, e):
             return ""
-        wrong = (a != e).nonzero()[0].tolist()
-        return f"{int((a != e).sum())} of {e.numel()} differ, first at {wrong}: {a[tuple(wrong)]} vs {e[tuple(wrong)]}"
+        at = tuple((a != e).nonzero()[0].tolist())
+        return f"{int((a != e).sum())} of {e.numel()} differ, first at {list(at)}: {a[at]} vs eager {e[at]}"
     if bitwise:
         return _compare_bitwise(a, e)
     return _compare_float(a, e, r)
@@ -99,8 +109,10 @@ def _compare_bitwise(a: torch.Tensor, e: torch.Tensor) -> str:
     if bool(same.all()):
         return ""
     at = tuple((~same).nonzero()[0].tolist())
-    return (f"{int((~same).sum())} of {e.numel()} values differ (an exact value), first at {list(at)}: "
-            f"{a[at].item()!r} vs eager {e[at].item()!r}")
+    return (
+        f"{int((~same).sum())} of {e.numel()} values differ (an exact value), first at {list(at)}: "
+        f"{a[at].item()!r} vs eager {e[at].item()!r}"
+    )
 
 
 def _compare_float(a: torch.Tensor, e: torch.Tensor, r: torch.Tensor | None) -> str:
@@ -118,8 +130,10 @@ def _compare_float(a: torch.Tensor, e: torch.Tensor, r: torch.Tensor | None) -> 
     bad = (~ok).nonzero()[0].tolist()
     at = tuple(bad)
     ref = f", float64 reference {r[at].item():.8g}" if r is not None and r.shape == e.shape else ""
-    return (f"{int((~ok).sum())} of {e.numel()} {str(e.dtype).removeprefix('torch.')} values differ, "
-            f"first at {bad}: {a[at].item():.8g} vs eager {e[at].item():.8g}{ref}")
+    return (
+        f"{int((~ok).sum())} of {e.numel()} {str(e.dtype).removeprefix('torch.')} values differ, "
+        f"first at {bad}: {a[at].item():.8g} vs eager {e[at].item():.8g}{ref}"
+    )
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float, slack) -> torch.Tensor:

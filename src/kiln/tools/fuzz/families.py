@@ -12,50 +12,99 @@ F = "torch.nn.functional"
 
 # (format, preserves exactness, needs exact arguments)
 UNARY = [
-    ("torch.neg({0})", True, False), ("torch.abs({0})", True, False), ("torch.relu({0})", True, False),
-    ("torch.exp({0})", False, False), ("torch.exp2({0})", False, False), ("torch.expm1({0})", False, False),
-    ("torch.log({0})", False, True), ("torch.log1p({0}.abs())", False, False), ("torch.log2({0})", False, True),
-    ("torch.sqrt({0})", False, True), ("torch.sqrt({0}.abs())", False, False), ("torch.rsqrt({0})", False, True),
-    ("torch.sin({0})", False, False), ("torch.cos({0})", False, False), ("torch.tanh({0})", False, False),
-    ("torch.sigmoid({0})", False, False), ("torch.erf({0})", False, False), ("torch.atan({0})", False, False),
-    ("torch.asinh({0})", False, False), ("torch.reciprocal({0})", False, True), ("torch.square({0})", False, False),
-    (F + ".gelu({0})", False, False), (F + ".gelu({0}, approximate='tanh')", False, False),
-    (F + ".silu({0})", False, False), (F + ".softplus({0})", False, False), (F + ".elu({0})", False, False),
-    (F + ".leaky_relu({0}, 0.1)", False, False), (F + ".hardtanh({0})", True, False),
-    (F + ".hardswish({0})", False, False), (F + ".mish({0})", False, False),
-    ("torch.floor({0})", True, True), ("torch.ceil({0})", True, True), ("torch.round({0})", True, True),
-    ("torch.trunc({0})", True, True), ("torch.frac({0})", True, True), ("torch.sign({0})", True, True),
-    ("torch.signbit({0})", True, True), ("torch.bitwise_not({0})", True, True),
-    ("torch.logical_not({0})", True, True), ("torch.isnan({0})", True, True), ("torch.isinf({0})", True, True),
-    ("torch.isfinite({0})", True, True), ("torch.nan_to_num({0})", True, False),
-    ("torch.clamp({0}, -0.5, 2.0)", True, False), ("torch.clamp({0}, min=-3)", True, False),
-    ("{0} * 2", True, False), ("{0} + 1", False, False), ("1 - {0}", False, False), ("{0} / 3", False, False),
+    ("torch.neg({0})", True, False),
+    ("torch.abs({0})", True, False),
+    ("torch.relu({0})", True, False),
+    ("torch.exp({0})", False, False),
+    ("torch.exp2({0})", False, False),
+    ("torch.expm1({0})", False, False),
+    ("torch.log({0})", False, True),
+    ("torch.log1p({0}.abs())", False, False),
+    ("torch.log2({0})", False, True),
+    ("torch.sqrt({0})", False, True),
+    ("torch.sqrt({0}.abs())", False, False),
+    ("torch.rsqrt({0})", False, True),
+    ("torch.sin({0})", False, False),
+    ("torch.cos({0})", False, False),
+    ("torch.tanh({0})", False, False),
+    ("torch.sigmoid({0})", False, False),
+    ("torch.erf({0})", False, False),
+    ("torch.atan({0})", False, False),
+    ("torch.asinh({0})", False, False),
+    ("torch.reciprocal({0})", False, True),
+    ("torch.square({0})", False, False),
+    (F + ".gelu({0})", False, False),
+    (F + ".gelu({0}, approximate='tanh')", False, False),
+    (F + ".silu({0})", False, False),
+    (F + ".softplus({0})", False, False),
+    (F + ".elu({0})", False, False),
+    (F + ".leaky_relu({0}, 0.1)", False, False),
+    (F + ".hardtanh({0})", True, False),
+    (F + ".hardswish({0})", False, False),
+    (F + ".mish({0})", False, False),
+    ("torch.floor({0})", True, True),
+    ("torch.ceil({0})", True, True),
+    ("torch.round({0})", True, True),
+    ("torch.trunc({0})", True, True),
+    ("torch.frac({0})", True, True),
+    ("torch.sign({0})", True, True),
+    ("torch.signbit({0})", True, True),
+    ("torch.bitwise_not({0})", True, True),
+    ("torch.logical_not({0})", True, True),
+    ("torch.isnan({0})", True, True),
+    ("torch.isinf({0})", True, True),
+    ("torch.isfinite({0})", True, True),
+    ("torch.nan_to_num({0})", True, False),
+    ("torch.clamp({0}, -0.5, 2.0)", True, False),
+    ("torch.clamp({0}, min=-3)", True, False),
+    ("{0} * 2", True, False),
+    ("{0} + 1", False, False),
+    ("1 - {0}", False, False),
+    ("{0} / 3", False, False),
 ]
 
 BINARY = [
-    ("torch.add({0}, {1})", False, False), ("torch.sub({0}, {1})", False, False),
-    ("torch.mul({0}, {1})", False, False), ("torch.div({0}, {1})", False, False),
-    ("torch.add({0}, {1}, alpha=2)", False, False), ("{0} * {1} + {0}", False, False),
-    ("torch.maximum({0}, {1})", True, False), ("torch.minimum({0}, {1})", True, False),
-    ("torch.fmax({0}, {1})", True, False), ("torch.fmin({0}, {1})", True, False),
-    ("torch.pow({0}, {1})", False, False), ("torch.atan2({0}, {1})", False, False),
-    ("torch.hypot({0}, {1})", False, False), ("torch.copysign({0}, {1})", False, False),
+    ("torch.add({0}, {1})", False, False),
+    ("torch.sub({0}, {1})", False, False),
+    ("torch.mul({0}, {1})", False, False),
+    ("torch.div({0}, {1})", False, False),
+    ("torch.add({0}, {1}, alpha=2)", False, False),
+    ("{0} * {1} + {0}", False, False),
+    ("torch.maximum({0}, {1})", True, False),
+    ("torch.minimum({0}, {1})", True, False),
+    ("torch.fmax({0}, {1})", True, False),
+    ("torch.fmin({0}, {1})", True, False),
+    ("torch.pow({0}, {1})", False, False),
+    ("torch.atan2({0}, {1})", False, False),
+    ("torch.hypot({0}, {1})", False, False),
+    ("torch.copysign({0}, {1})", False, False),
     ("torch.lerp({0}, {1}, 0.3)", False, False),
-    ("torch.eq({0}, {1})", True, True), ("torch.ne({0}, {1})", True, True), ("torch.lt({0}, {1})", True, True),
-    ("torch.le({0}, {1})", True, True), ("torch.gt({0}, {1})", True, True), ("torch.ge({0}, {1})", True, True),
-    ("torch.logical_and({0}, {1})", True, True), ("torch.logical_or({0}, {1})", True, True),
-    ("torch.logical_xor({0}, {1})", True, True), ("torch.bitwise_and({0}, {1})", True, True),
-    ("torch.bitwise_or({0}, {1})", True, True), ("torch.bitwise_xor({0}, {1})", True, True),
+    ("torch.eq({0}, {1})", True, True),
+    ("torch.ne({0}, {1})", True, True),
+    ("torch.lt({0}, {1})", True, True),
+    ("torch.le({0}, {1})", True, True),
+    ("torch.gt({0}, {1})", True, True),
+    ("torch.ge({0}, {1})", True, True),
+    ("torch.logical_and({0}, {1})", True, True),
+    ("torch.logical_or({0}, {1})", True, True),
+    ("torch.logical_xor({0}, {1})", True, True),
+    ("torch.bitwise_and({0}, {1})", True, True),
+    ("torch.bitwise_or({0}, {1})", True, True),
+    ("torch.bitwise_xor({0}, {1})", True, True),
     ("torch.div({0}, {1}, rounding_mode='floor')", True, True),
     ("torch.div({0}, {1}, rounding_mode='trunc')", True, True),
-    ("torch.remainder({0}, {1})", True, True), ("torch.fmod({0}, {1})", True, True),
+    ("torch.remainder({0}, {1})", True, True),
+    ("torch.fmod({0}, {1})", True, True),
 ]
 
 # Integer division only by a divisor that cannot be 0: division by zero is undefined in C++
 # (and eager raises), so a program dividing integers by 0 has no expected result.
 INT_DIVISION = [
-    "torch.div({0}, {1}.abs() + 1, rounding_mode='floor')", "torch.div({0}, {1}.abs() + 1, rounding_mode='trunc')",
-    "torch.remainder({0}, {1}.abs() + 1)", "torch.fmod({0}, {1}.abs() + 1)", "{0} // ({1}.abs() + 1)",
+    "torch.div({0}, {1}.abs() + 1, rounding_mode='floor')",
+    "torch.div({0}, {1}.abs() + 1, rounding_mode='trunc')",
+    "torch.remainder({0}, {1}.abs() + 1)",
+    "torch.fmod({0}, {1}.abs() + 1)",
+    "{0} // ({1}.abs() + 1)",
 ]
 
 FLOAT_SCALARS = ("0.5", "-1.5", "2.0", "3.0", "1e-3", "0.0", "-0.0", "float('inf')", "1e4")
@@ -69,7 +118,7 @@ def _kind(t: torch.Tensor) -> str:
 def _partner_shape(ctx: Context, shape: tuple[int, ...]) -> tuple[int, ...]:
     """A shape that broadcasts against shape: some leading dims dropped, some set to 1."""
     rng = ctx.rng
-    keep = shape[rng.randint(0, len(shape)):] if rng.random() < 0.3 else shape
+    keep = shape[rng.randint(0, len(shape)) :] if rng.random() < 0.3 else shape
     return tuple(1 if rng.random() < 0.3 else s for s in keep)
 
 
@@ -133,7 +182,9 @@ def cast(ctx: Context) -> Draw | None:
     src, dst = _kind(ctx.t(a)), ctx.dtype()
     if src == "float" and dst in ("int32", "int64"):
         # float -> int of NaN, inf or out-of-range values is undefined (C++ and eager differ)
-        fmt = "torch.nan_to_num({0}, nan=0.0, posinf=0.0, neginf=0.0).clamp(-1000, 1000).to(torch." + dst + ")"
+        fmt = (
+            "torch.nan_to_num({0}, nan=0.0, posinf=0.0, neginf=0.0).clamp(-1000, 1000).to(torch." + dst + ")"
+        )
         return Draw(fmt, (a,), True, True)
     method = {"float32": "float()", "float16": "half()", "bfloat16": "bfloat16()"}.get(dst)
     fmt = "{0}." + method if method and ctx.rng.random() < 0.3 else "{0}.to(torch." + dst + ")"
@@ -152,16 +203,22 @@ def _dims(ctx: Context, rank: int, single: bool = False) -> tuple[str, list[int]
 
 REDUCTIONS = [
     # (format with {dims} and {keep}, single dim only, preserves, needs exact)
-    ("torch.sum({0}{dims}{keep})", False, False, False), ("torch.mean({0}{dims}{keep})", False, False, False),
-    ("torch.nansum({0}{dims}{keep})", False, False, False), ("torch.prod({0}{dims}{keep})", True, False, False),
-    ("torch.amax({0}{dims}{keep})", False, True, False), ("torch.amin({0}{dims}{keep})", False, True, False),
-    ("torch.var({0}{dims}{keep})", False, False, False), ("torch.std({0}{dims}, correction=0{keep})", False, False, False),
+    ("torch.sum({0}{dims}{keep})", False, False, False),
+    ("torch.mean({0}{dims}{keep})", False, False, False),
+    ("torch.nansum({0}{dims}{keep})", False, False, False),
+    ("torch.prod({0}{dims}{keep})", True, False, False),
+    ("torch.amax({0}{dims}{keep})", False, True, False),
+    ("torch.amin({0}{dims}{keep})", False, True, False),
+    ("torch.var({0}{dims}{keep})", False, False, False),
+    ("torch.std({0}{dims}, correction=0{keep})", False, False, False),
     ("torch.logsumexp({0}{dims}{keep})", False, False, False),
     ("torch.linalg.vector_norm({0}, ord=2{dims}{keep})", False, False, False),
     ("torch.linalg.vector_norm({0}, ord=1{dims}{keep})", False, False, False),
     ("torch.linalg.vector_norm({0}, ord=float('inf'){dims}{keep})", False, True, False),
-    ("torch.any({0}{dims}{keep})", True, True, True), ("torch.all({0}{dims}{keep})", True, True, True),
-    ("torch.argmax({0}{dims}{keep})", True, True, True), ("torch.argmin({0}{dims}{keep})", True, True, True),
+    ("torch.any({0}{dims}{keep})", True, True, True),
+    ("torch.all({0}{dims}{keep})", True, True, True),
+    ("torch.argmax({0}{dims}{keep})", True, True, True),
+    ("torch.argmin({0}{dims}{keep})", True, True, True),
     ("torch.count_nonzero({0}{dims})", False, True, True),
     ("torch.sum({0}{dims}{keep}, dtype=torch.float32)", False, False, False),
     ("torch.cumsum({0}{dims})", True, False, False),
@@ -287,9 +344,13 @@ def view(ctx: Context) -> Draw | None:
     if choice == 4:
         return Draw(f"{{0}}.unsqueeze({rng.randint(-r - 1, r)})", (a,), True)
     if choice == 5 and r >= 1:
-        return Draw(f"{{0}}.squeeze({rng.randrange(r)})" if rng.random() < 0.7 else "{0}.squeeze()", (a,), True)
+        return Draw(
+            f"{{0}}.squeeze({rng.randrange(r)})" if rng.random() < 0.7 else "{0}.squeeze()", (a,), True
+        )
     if choice == 6 and r >= 1:
-        return Draw("{0}[" + ", ".join(_slice(ctx, s) for s in t.shape[: rng.randint(1, r)]) + "]", (a,), True)
+        return Draw(
+            "{0}[" + ", ".join(_slice(ctx, s) for s in t.shape[: rng.randint(1, r)]) + "]", (a,), True
+        )
     if choice == 7 and r >= 1:
         sizes = [rng.choice((2, 3)) if s == 1 and rng.random() < 0.7 else s for s in t.shape]
         lead = [rng.choice((2, 3))] if rng.random() < 0.3 else []
@@ -339,7 +400,9 @@ def rearrange(ctx: Context) -> Draw | None:
             return None
         return Draw(f"torch.cat([{{0}}, {{1}}], dim={d - r if rng.random() < 0.3 else d})", (a, b), True)
     if choice == 1:
-        return Draw(f"torch.stack([{{0}}, {{1}}], dim={rng.randint(0, r)})", (a, _like(ctx, t, tuple(t.shape))), True)
+        return Draw(
+            f"torch.stack([{{0}}, {{1}}], dim={rng.randint(0, r)})", (a, _like(ctx, t, tuple(t.shape))), True
+        )
     if choice == 2 and r >= 1:
         dims = rng.sample(range(r), rng.randint(1, r))
         return Draw(f"torch.flip({{0}}, {dims})", (a,), True)
@@ -374,8 +437,11 @@ def indexing(ctx: Context) -> Draw | None:
     if choice == 0:
         return Draw(f"torch.gather({{0}}, {d}, {{1}})", (a, ctx.index_input(inner, shape[d])), True)
     if choice == 1:
-        return Draw(f"torch.index_select({{0}}, {d}, {{1}})", (a, ctx.index_input((rng.randint(0, 5),), shape[d])),
-                    True)
+        return Draw(
+            f"torch.index_select({{0}}, {d}, {{1}})",
+            (a, ctx.index_input((rng.randint(0, 5),), shape[d])),
+            True,
+        )
     if choice == 2:
         idx_shape = ctx.shape(rng.randint(1, 2))
         return Draw("{0}[{1}]", (a, ctx.index_input(idx_shape, shape[0])), True)
@@ -392,7 +458,8 @@ def indexing(ctx: Context) -> Draw | None:
     if choice == 6:
         red = rng.choice(("sum", "prod", "mean", "amax", "amin"))
         src = ctx.new_input(inner, dtype)
-        fmt = f"torch.scatter_reduce({{0}}, {d}, {{1}}, {{2}}, reduce='{red}', include_self={rng.random() < 0.5})"
+        include_self = rng.random() < 0.5
+        fmt = f"torch.scatter_reduce({{0}}, {d}, {{1}}, {{2}}, reduce='{red}', include_self={include_self})"
         return Draw(fmt, (a, ctx.index_input(inner, shape[d]), src), red in ("amax", "amin"))
     if choice == 7:
         # distinct rows of dim 0, the same in every column: no two writes to one element
@@ -409,12 +476,12 @@ def indexing(ctx: Context) -> Draw | None:
         return Draw("{0}.index_put(({1},), {2}, accumulate=True)", (a, ctx.index_input((k,), shape[0]), vals))
     if choice == 9:
         k = rng.randint(1, 4)
-        src_shape = shape[:d] + (k,) + shape[d + 1:]
+        src_shape = shape[:d] + (k,) + shape[d + 1 :]
         if rng.random() < 0.5:
             idx = ctx.index_input((k,), shape[d])
             return Draw(f"{{0}}.index_add({d}, {{1}}, {{2}})", (a, idx, ctx.new_input(src_shape, dtype)))
         k = min(k, shape[d])
-        src_shape = shape[:d] + (k,) + shape[d + 1:]
+        src_shape = shape[:d] + (k,) + shape[d + 1 :]
         idx = ctx.perm_input(k, shape[d])
         return Draw(f"{{0}}.index_copy({d}, {{1}}, {{2}})", (a, idx, ctx.new_input(src_shape, dtype)), True)
     if choice == 10 and r == 2:
@@ -451,10 +518,19 @@ def matmul(ctx: Context) -> Draw | None:
 
 INPLACE = [
     # (format, preserves exactness)
-    ("{0}.add_({1})", False), ("{0}.mul_({1})", False), ("{0}.sub_({1}, alpha=2)", False),
-    ("{0}.copy_({1})", True), ("{0}.clamp_(-1, 1)", True), ("{0}.fill_(3)", True), ("{0}.zero_()", True),
-    ("{0}.relu_()", True), ("{0}.neg_()", True), ("{0}.exp_()", False), ("{0}.div_({1})", False),
-    ("{0}.masked_fill_({1} > 0, 2)", True), ("{0}.maximum({1}, out={0})", True),
+    ("{0}.add_({1})", False),
+    ("{0}.mul_({1})", False),
+    ("{0}.sub_({1}, alpha=2)", False),
+    ("{0}.copy_({1})", True),
+    ("{0}.clamp_(-1, 1)", True),
+    ("{0}.fill_(3)", True),
+    ("{0}.zero_()", True),
+    ("{0}.relu_()", True),
+    ("{0}.neg_()", True),
+    ("{0}.exp_()", False),
+    ("{0}.div_({1})", False),
+    ("{0}.masked_fill_({1} > 0, 2)", True),
+    ("{0}.maximum({1}, out={0})", True),
 ]
 
 
@@ -490,7 +566,17 @@ class _Index:
 
 
 FAMILIES = [
-    (unary, 4), (binary, 5), (int_division, 0.7), (select, 1), (cast, 1.2), (reduction, 3),
-    (normalization, 1.5), (batch_norm, 0.3), (view, 3), (rearrange, 2), (indexing, 2.5), (matmul, 1.5),
+    (unary, 4),
+    (binary, 5),
+    (int_division, 0.7),
+    (select, 1),
+    (cast, 1.2),
+    (reduction, 3),
+    (normalization, 1.5),
+    (batch_norm, 0.3),
+    (view, 3),
+    (rearrange, 2),
+    (indexing, 2.5),
+    (matmul, 1.5),
     (inplace, 1.5),
 ]

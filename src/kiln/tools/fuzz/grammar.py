@@ -25,16 +25,28 @@ from kiln.tools.fuzz.program import DTYPES, FLOAT_DTYPES, InputSpec, Program, St
 KNOWN_BUGS: dict[str, str] = {
     "grad-strided-view-output": "a training graph returning a view with steps (gradients wrong or crash)",
     "constant-rows-centering": "x - mean over rows whose values are all equal (size-1 rows, expanded or "
-                               "filled values) is not 0: layer_norm, batch_norm, var, std amplify it",
+    "filled values) is not 0: layer_norm, batch_norm, var, std amplify it",
     "copy-from-scalar": "x.copy_(python_scalar): the lowering of aten.copy raises",
     "cat-empty-alias": "torch.cat([x, empty]) aliases x: a later in-place update of x shows in the result",
     "fallback-op-output-strides": "an op run in ATen (index_put, scatter_add, fmax...) on a non-contiguous "
-                                  "intermediate returns other strides than eager's",
+    "intermediate returns other strides than eager's",
 }
 
 # Ops kiln runs in ATen (the fallback-op-output-strides exclusion keeps their arguments dense).
-ATEN_FALLBACK_OPS = ("index_put", "index_add", "index_copy", "scatter", "fmax", "fmin", "hypot", "signbit",
-                     "cumsum", "vector_norm", ".repeat(", "batch_norm")
+ATEN_FALLBACK_OPS = (
+    "index_put",
+    "index_add",
+    "index_copy",
+    "scatter",
+    "fmax",
+    "fmin",
+    "hypot",
+    "signbit",
+    "cumsum",
+    "vector_norm",
+    ".repeat(",
+    "batch_norm",
+)
 
 ZERO_SIZE_SHARE = 0.015
 MAX_NUMEL = 2048  # results past this are drawn again: programs stay small and fast
@@ -122,9 +134,18 @@ class Context:
             if dtype in FLOAT_DTYPES and rng.random() < 0.25:
                 special_at = tuple(rng.randrange(1 << 16) for _ in range(rng.randint(1, 3)))
         grad = self.grad and kind == "value" and dtype in FLOAT_DTYPES
-        spec = InputSpec(name=f"x{len(self.inputs)}", shape=tuple(shape), dtype=dtype, seed=rng.randrange(1 << 30),
-                         kind=kind, high=high, layout=layout, expand_dims=expand_dims, special_at=special_at,
-                         grad=grad)
+        spec = InputSpec(
+            name=f"x{len(self.inputs)}",
+            shape=tuple(shape),
+            dtype=dtype,
+            seed=rng.randrange(1 << 30),
+            kind=kind,
+            high=high,
+            layout=layout,
+            expand_dims=expand_dims,
+            special_at=special_at,
+            grad=grad,
+        )
         exec("\n".join(render_input(spec)), self.env)  # noqa: S102 - generated source
         self.inputs.append(spec)
         self.values.append(spec.name)
@@ -146,8 +167,15 @@ class Context:
             return False
         target = "" if draw.inplace else f"v{len(self.stmts)}"
         stmt = Stmt(target, draw.fmt, draw.args)
-        before = {n: (t.clone() if isinstance(t, torch.Tensor) else t) for n, t in self.env.items()
-                  if n in self.exact} if draw.inplace else None
+        before = (
+            {
+                n: (t.clone() if isinstance(t, torch.Tensor) else t)
+                for n, t in self.env.items()
+                if n in self.exact
+            }
+            if draw.inplace
+            else None
+        )
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -174,7 +202,9 @@ class Context:
         return True
 
     def _excluded_layout(self, draw: Draw) -> bool:
-        if not self.excludes("fallback-op-output-strides") or not any(op in draw.fmt for op in ATEN_FALLBACK_OPS):
+        if not self.excludes("fallback-op-output-strides") or not any(
+            op in draw.fmt for op in ATEN_FALLBACK_OPS
+        ):
             return False
         inputs = {s.name for s in self.inputs}
         return any(a in self.env and a not in inputs and not self.env[a].is_contiguous() for a in draw.args)
@@ -200,8 +230,13 @@ class Context:
                 self.exact[n] = False
 
 
-def generate(seed: int, index: int, profile: str = "cpu", excluded: frozenset[str] = frozenset(KNOWN_BUGS),
-             attempts: int = 20) -> Program:
+def generate(
+    seed: int,
+    index: int,
+    profile: str = "cpu",
+    excluded: frozenset[str] = frozenset(KNOWN_BUGS),
+    attempts: int = 20,
+) -> Program:
     """The program (seed, index): the first of its attempts that eager runs, gradients included."""
     last_error: Exception | None = None
     for attempt in range(attempts):
@@ -246,8 +281,15 @@ def _draw(rng: random.Random, seed: int, index: int, profile: Profile, excluded:
     if not outputs:
         raise _Redraw("no output")
     exact = frozenset(n for n, e in ctx.exact.items() if e)
-    return Program(seed=seed, index=index, inputs=tuple(ctx.inputs), stmts=tuple(ctx.stmts),
-                   outputs=tuple(outputs), grad=ctx.grad, exact=exact)
+    return Program(
+        seed=seed,
+        index=index,
+        inputs=tuple(ctx.inputs),
+        stmts=tuple(ctx.stmts),
+        outputs=tuple(outputs),
+        grad=ctx.grad,
+        exact=exact,
+    )
 
 
 def _drop_inputs(ctx: Context, keep: int) -> None:

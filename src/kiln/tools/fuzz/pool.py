@@ -19,8 +19,12 @@ from kiln.tools.fuzz.program import render, reproducer
 from kiln.tools.fuzz.runner import Outcome, run_program
 from kiln.tools.fuzz.shrink import shrink
 
-COMPILE_LINE = {"kiln": "kiln.compile(f)", "inductor": "torch.compile(f)", "eager": "torch.compile(f, backend='eager')",
-                "aot_eager": "torch.compile(f, backend='aot_eager')"}
+COMPILE_LINE = {
+    "kiln": "kiln.compile(f)",
+    "inductor": "torch.compile(f)",
+    "eager": "torch.compile(f, backend='eager')",
+    "aot_eager": "torch.compile(f, backend='aot_eager')",
+}
 
 
 class _Timeout(Exception):
@@ -54,7 +58,13 @@ def run_job(job: dict) -> dict:
     except RuntimeError as e:
         return {"seed": seed, "index": index, "cls": "eager fails", "detail": str(e)[:300]}
     outcome = run_timed(program, against, job["timeout"])
-    result = {"seed": seed, "index": index, "grad": program.grad, "stmts": len(program.stmts), **outcome.to_dict()}
+    result = {
+        "seed": seed,
+        "index": index,
+        "grad": program.grad,
+        "stmts": len(program.stmts),
+        **outcome.to_dict(),
+    }
     if outcome.failed:
         result["source"] = reproducer(program, COMPILE_LINE[against])
         if job["shrink_seconds"] > 0:
@@ -74,7 +84,9 @@ def serve() -> int:
     return 0
 
 
-def run_jobs(jobs: list[dict], workers: int, on_result: Callable[[dict], None], env: dict | None = None) -> None:
+def run_jobs(
+    jobs: list[dict], workers: int, on_result: Callable[[dict], None], env: dict | None = None
+) -> None:
     """Run jobs in this process (workers 0) or in that many worker processes."""
     if workers <= 0:
         for job in jobs:
@@ -105,8 +117,9 @@ class _Worker:
     def _start(self) -> None:
         env = {**os.environ, **(self.env or {})}
         cmd = [sys.executable, "-m", "kiln.tools.fuzz", "--serve"]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=env)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+        )
         self.buffer = b""
 
     def _readline(self, deadline: float) -> str | None:
@@ -152,5 +165,12 @@ class _Worker:
         self.proc = None
         program = generate(job["seed"], job["index"], job["profile"], frozenset(job["excluded"]))
         why = "timed out (worker killed)" if rc == -signal.SIGKILL else f"worker died with exit status {rc}"
-        return {"seed": job["seed"], "index": job["index"], "cls": "crash", "detail": why,
-                "source": render(program), "grad": program.grad, "stmts": len(program.stmts)}
+        return {
+            "seed": job["seed"],
+            "index": job["index"],
+            "cls": "crash",
+            "detail": why,
+            "source": render(program),
+            "grad": program.grad,
+            "stmts": len(program.stmts),
+        }

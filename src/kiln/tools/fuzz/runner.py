@@ -40,7 +40,7 @@ Compiler = Callable[[Callable], Callable]  # fn -> compiled fn
 
 
 def compiler(against: str | Compiler) -> Compiler:
-    """"kiln" (KILN_TARGET picks C++ or Triton), "inductor", "eager" or "aot_eager" (what the
+    """ "kiln" (KILN_TARGET picks C++ or Triton), "inductor", "eager" or "aot_eager" (what the
     fuzzer itself gets wrong shows there), or a compiler given as a function (tests)."""
     if callable(against):
         return against
@@ -111,7 +111,9 @@ def _run(program: Program, against: str | Compiler) -> Outcome:
     shown = sorted({f"{r.kind}: {r.op or 'graph'}" for r in records})
     bad = [r for r in records if r.kind in ("internal", "trace")]
     if bad:
-        return Outcome("internal fallback", f"{bad[0].kind} {bad[0].op or 'graph'}: {bad[0].reason}"[:500], shown)
+        return Outcome(
+            "internal fallback", f"{bad[0].kind} {bad[0].op or 'graph'}: {bad[0].reason}"[:500], shown
+        )
     exact = [n in program.exact for n in program.outputs] + [s.name in program.exact for s in program.inputs]
     why = compare_runs(actual, expected, ref, exact)
     why = why or _prefixed("second call: ", compare_runs(again, expected, ref, exact))
@@ -127,8 +129,9 @@ def _prefixed(prefix: str, why: str) -> str:
     return prefix + why if why else ""
 
 
-def _judge_mismatch(why: str, ns: dict, program: Program, expected: Run, ref: Run | None, exact: list[bool],
-                    shown: list[str]) -> Outcome:
+def _judge_mismatch(
+    why: str, ns: dict, program: Program, expected: Run, ref: Run | None, exact: list[bool], shown: list[str]
+) -> Outcome:
     """A difference that Dynamo + AOTAutograd alone (aot_eager) show too is upstream, and so
     is one in strides alone where PyTorch's meta functions, which every compiler traces with,
     give other strides than eager's kernels (copysign of mixed layouts; Inductor's too)."""
@@ -140,7 +143,9 @@ def _judge_mismatch(why: str, ns: dict, program: Program, expected: Run, ref: Ru
     return Outcome("mismatch", why, shown)
 
 
-def _mismatch_without_kiln(ns: dict, program: Program, expected: Run, ref: Run | None, exact: list[bool]) -> str:
+def _mismatch_without_kiln(
+    ns: dict, program: Program, expected: Run, ref: Run | None, exact: list[bool]
+) -> str:
     """How the program run by Dynamo and AOTAutograd alone differs from eager."""
     torch._dynamo.reset()
     try:

@@ -58,7 +58,7 @@ def _candidates(p: Program) -> Iterator[Program]:
         for out in p.outputs:
             yield replace(p, outputs=(out,))
     for k in reversed(range(len(p.stmts))):
-        yield replace(p, stmts=p.stmts[:k] + p.stmts[k + 1:])
+        yield replace(p, stmts=p.stmts[:k] + p.stmts[k + 1 :])
         stmt = p.stmts[k]
         if stmt.target:
             yield from _bypass(p, k)
@@ -66,7 +66,7 @@ def _candidates(p: Program) -> Iterator[Program]:
         yield replace(p, grad=False, inputs=tuple(replace(s, grad=False) for s in p.inputs))
     for k, spec in enumerate(p.inputs):
         for simpler in _simpler_inputs(spec):
-            yield replace(p, inputs=p.inputs[:k] + (simpler,) + p.inputs[k + 1:])
+            yield replace(p, inputs=p.inputs[:k] + (simpler,) + p.inputs[k + 1 :])
 
 
 def _bypass(p: Program, k: int) -> Iterator[Program]:
@@ -75,7 +75,7 @@ def _bypass(p: Program, k: int) -> Iterator[Program]:
     names = {s.name for s in p.inputs} | {s.target for s in p.stmts[:k] if s.target}
     for arg in dict.fromkeys(a for a in stmt.args if a in names):
         rename = {stmt.target: arg}
-        later = tuple(replace(s, args=tuple(rename.get(n, n) for n in s.args)) for s in p.stmts[k + 1:])
+        later = tuple(replace(s, args=tuple(rename.get(n, n) for n in s.args)) for s in p.stmts[k + 1 :])
         outputs = tuple(dict.fromkeys(rename.get(n, n) for n in p.outputs))
         yield replace(p, stmts=p.stmts[:k] + later, outputs=outputs)
 
@@ -85,7 +85,7 @@ def _simpler_inputs(spec: InputSpec) -> Iterator[InputSpec]:
         yield replace(spec, special_at=())
         if len(spec.special_at) > 1:
             for k in range(len(spec.special_at)):
-                yield replace(spec, special_at=spec.special_at[k:k + 1])
+                yield replace(spec, special_at=spec.special_at[k : k + 1])
     if spec.layout != "contiguous":
         yield replace(spec, layout="contiguous", expand_dims=())
     if spec.kind != "value":
@@ -93,5 +93,5 @@ def _simpler_inputs(spec: InputSpec) -> Iterator[InputSpec]:
     for d, size in enumerate(spec.shape):
         for smaller in dict.fromkeys((1, size // 2)):
             if 0 < smaller < size:
-                shape = spec.shape[:d] + (smaller,) + spec.shape[d + 1:]
+                shape = spec.shape[:d] + (smaller,) + spec.shape[d + 1 :]
                 yield replace(spec, shape=shape, expand_dims=tuple(e for e in spec.expand_dims if e != d))
