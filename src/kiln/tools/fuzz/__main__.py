@@ -32,7 +32,7 @@ def _parse(argv):
         choices=("cpp", "triton"),
         help="kiln's code generator; triton runs in Triton's CPU interpreter",
     )
-    p.add_argument("--profile", choices=sorted(PROFILES), help="shapes: cpu (default for cpp) or tiny")
+    p.add_argument("--profile", choices=sorted(PROFILES), help="shapes: cpu (default for cpp), tiny (triton), wide")
     p.add_argument("--no-exclusions", action="store_true", help="also generate programs of known bugs")
     p.add_argument("--shrink-seconds", type=float, default=60, help="time to shrink each failure (0: none)")
     p.add_argument("--timeout", type=int, default=120, help="seconds per program")

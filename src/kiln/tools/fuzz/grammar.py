@@ -49,7 +49,6 @@ ATEN_FALLBACK_OPS = (
 )
 
 ZERO_SIZE_SHARE = 0.015
-MAX_NUMEL = 2048  # results past this are drawn again: programs stay small and fast
 
 
 @dataclass(frozen=True)
@@ -59,11 +58,14 @@ class Profile:
     dims: tuple[int, ...]
     max_stmts: int
     grad_share: float
+    max_numel: int = 2048  # values past this are drawn again: programs stay small and fast
 
 
 PROFILES = {
     "cpu": Profile(dims=(1, 1, 2, 3, 4, 5, 6, 8, 16), max_stmts=9, grad_share=0.25),
     "tiny": Profile(dims=(1, 2, 3, 4), max_stmts=4, grad_share=0.25),
+    # sizes where kiln tiles, vectorizes with tails and splits reductions
+    "wide": Profile(dims=(1, 2, 3, 7, 17, 64, 100, 257, 1024), max_stmts=6, grad_share=0.2, max_numel=1 << 16),
 }
 
 
@@ -118,7 +120,10 @@ class Context:
     def shape(self, rank: int | None = None) -> tuple[int, ...]:
         if rank is None:
             rank = self.rng.choice((0, 1, 1, 2, 2, 2, 3, 3, 4))
-        return tuple(self.dim() for _ in range(rank))
+        dims = [self.dim() for _ in range(rank)]
+        while math.prod(dims) > self.profile.max_numel:
+            dims[dims.index(max(dims))] = self.rng.choice((1, 2, 3))
+        return tuple(dims)
 
     def dtype(self) -> str:
         return self.rng.choices(DTYPES, weights=(6, 1.5, 1.5, 1, 1.5, 1))[0]
@@ -186,7 +191,7 @@ class Context:
             self.env.pop(target, None)
             return False
         out = self.env[draw.args[0] if draw.inplace else target]
-        if not isinstance(out, torch.Tensor) or out.numel() > MAX_NUMEL or out.dim() > 5 or out.is_complex():
+        if not isinstance(out, torch.Tensor) or out.numel() > self.profile.max_numel or out.dim() > 5 or out.is_complex():
             if before is not None:
                 self._restore(before)
             self.env.pop(target, None)
@@ -328,7 +333,3 @@ def check_eager(program: Program) -> None:
             targets = grad_targets(outs, inputs, seed=program.seed)
             if targets is None:
                 raise ValueError("no output depends on an input that requires grad")
-
-
-def numel(shape) -> int:
-    return math.prod(shape)
