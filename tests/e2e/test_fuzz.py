@@ -18,6 +18,8 @@ from kiln.tools.fuzz.shrink import shrink
 TRITON = os.environ.get("KILN_TARGET") == "triton"
 # (seed, programs): about a minute on the C++ path on a 2-core machine
 BUDGET = (15, 10) if TRITON else (15, 90)
+# the fuzzer's own checks do not depend on the code generator: they run in the C++ pass only
+fuzzer_check = pytest.mark.skipif(TRITON, reason="checks the fuzzer itself, not a code generator")
 
 
 def test_fuzz_budget():
@@ -31,6 +33,7 @@ def test_fuzz_budget():
     assert not failures, f"{len(failures)} of {n} programs fail:\n\n" + "\n\n".join(failures[:3])
 
 
+@fuzzer_check
 def test_programs_are_deterministic():
     assert render(generate(3, 7)) == render(generate(3, 7))
     assert render(generate(3, 7)) != render(generate(3, 8))
@@ -60,6 +63,7 @@ def _first_float_program(seed: int):
     raise AssertionError("no float program found")
 
 
+@fuzzer_check
 def test_catches_a_wrong_result_and_accepts_eager():
     program = _first_float_program(4)
     assert run_program(program, "eager").cls == "pass"
@@ -75,6 +79,7 @@ def _sin_as_cos(gm, example_inputs):
     return gm.forward
 
 
+@fuzzer_check
 def test_shrinks_a_failure_to_its_cause():
     wrong = lambda fn: torch.compile(fn, backend=_sin_as_cos)
     for index in range(300):
@@ -90,6 +95,7 @@ def test_shrinks_a_failure_to_its_cause():
     assert run_program(small, wrong).cls == "mismatch"
 
 
+@fuzzer_check
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_tolerance_admits_ulps_and_rejects_errors(dtype):
     e = torch.randn(64).to(dtype)
@@ -101,6 +107,7 @@ def test_tolerance_admits_ulps_and_rejects_errors(dtype):
     assert compare_tensor(e, nan) != "" and compare_tensor(nan, e) != ""
 
 
+@fuzzer_check
 def test_reference_admits_a_more_precise_low_precision_chain():
     x = torch.randn(256, dtype=torch.float64)
     eager = ((x.bfloat16() * 3).bfloat16() - x.bfloat16() * 2.9).bfloat16()  # rounds after each op
@@ -110,12 +117,14 @@ def test_reference_admits_a_more_precise_low_precision_chain():
     assert compare_tensor(kept_fp32 + 0.5, eager, ref) != ""
 
 
+@fuzzer_check
 def test_strides_of_dense_outputs_must_match():
     e = torch.randn(4, 6).t()
     assert compare_tensor(e.contiguous(), e) != ""
     assert compare_tensor(e.clone(), e) == ""
 
 
+@fuzzer_check
 def test_exact_values_compare_bit_for_bit():
     e = torch.tensor([0.0, -0.0, float("nan"), 1.5])
     assert compare_tensor(e.clone(), e, bitwise=True) == ""
@@ -123,9 +132,43 @@ def test_exact_values_compare_bit_for_bit():
     assert compare_tensor(torch.tensor([0.0, -0.0, float("nan"), 1.5000001]), e, bitwise=True) != ""
 
 
+@fuzzer_check
 def test_tiny_results_carry_the_error_of_unit_scale_terms():
     # the gradient of rms_norm over one element: terms near 1 cancel to about 3e-9
     ref = torch.tensor([-3.4974535e-09], dtype=torch.float64)
     eager = torch.tensor([-3.2837668e-09])
     assert compare_tensor(torch.tensor([-4.0398751e-09]), eager, ref) == ""
     assert compare_tensor(torch.tensor([-1e-6]), eager, ref) != ""
+
+
+@fuzzer_check
+def test_worker_processes_return_every_result():
+    from kiln.tools.fuzz.pool import run_jobs
+
+    jobs = [
+        {
+            "seed": 15,
+            "index": i,
+            "against": "eager",
+            "profile": "tiny",
+            "excluded": [],
+            "timeout": 60,
+            "shrink_seconds": 0,
+        }
+        for i in range(2)
+    ] + [
+        {
+            "seed": 15,
+            "index": 2,
+            "against": "eager",
+            "profile": "no such profile",
+            "excluded": [],
+            "timeout": 60,
+            "shrink_seconds": 0,
+        }
+    ]
+    results: list[dict] = []
+    run_jobs(jobs, 1, results.append)
+    assert sorted(r["index"] for r in results) == [0, 1, 2]
+    assert [r["cls"] for r in sorted(results, key=lambda r: r["index"])][2] == "fuzzer error"
+    assert all(r["cls"] == "pass" for r in results if r["index"] < 2), results

@@ -32,7 +32,9 @@ def _parse(argv):
         choices=("cpp", "triton"),
         help="kiln's code generator; triton runs in Triton's CPU interpreter",
     )
-    p.add_argument("--profile", choices=sorted(PROFILES), help="shapes: cpu (default for cpp), tiny (triton), wide")
+    p.add_argument(
+        "--profile", choices=sorted(PROFILES), help="shapes: cpu (default for cpp), tiny (triton), wide"
+    )
     p.add_argument("--no-exclusions", action="store_true", help="also generate programs of known bugs")
     p.add_argument("--shrink-seconds", type=float, default=60, help="time to shrink each failure (0: none)")
     p.add_argument("--timeout", type=int, default=120, help="seconds per program")
@@ -87,7 +89,7 @@ def main(argv=None) -> int:
     def on_result(result: dict) -> None:
         counts[result["cls"]] += 1
         fallbacks.update(result.get("fallbacks", []))
-        if result["cls"] in FAILURES:
+        if result["cls"] in (*FAILURES, "fuzzer error"):
             failures[signature(result)].append(result)
             print(f"program {result['index']}: {result['cls']}: {result.get('detail', '')[:200]}", flush=True)
         if out:
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
 def _summary(args, counts, fallbacks, failures, seconds: float) -> str:
     run = f"seed {args.seed}, against {args.against}, target {args.target}"
     lines = [f"\n{sum(counts.values())} programs ({run}) in {seconds:.0f} s"]
-    lines += [f"  {cls}: {counts[cls]}" for cls in CLASSES + ("eager fails",) if counts[cls]]
+    lines += [f"  {cls}: {counts[cls]}" for cls in CLASSES + ("eager fails", "fuzzer error") if counts[cls]]
     if fallbacks:
         lines.append(
             "ATen fallbacks (kind: op): " + ", ".join(f"{k} x{n}" for k, n in fallbacks.most_common(12))

@@ -65,7 +65,9 @@ PROFILES = {
     "cpu": Profile(dims=(1, 1, 2, 3, 4, 5, 6, 8, 16), max_stmts=9, grad_share=0.25),
     "tiny": Profile(dims=(1, 2, 3, 4), max_stmts=4, grad_share=0.25),
     # sizes where kiln tiles, vectorizes with tails and splits reductions
-    "wide": Profile(dims=(1, 2, 3, 7, 17, 64, 100, 257, 1024), max_stmts=6, grad_share=0.2, max_numel=1 << 16),
+    "wide": Profile(
+        dims=(1, 2, 3, 7, 17, 64, 100, 257, 1024), max_stmts=6, grad_share=0.2, max_numel=1 << 16
+    ),
 }
 
 
@@ -191,7 +193,12 @@ class Context:
             self.env.pop(target, None)
             return False
         out = self.env[draw.args[0] if draw.inplace else target]
-        if not isinstance(out, torch.Tensor) or out.numel() > self.profile.max_numel or out.dim() > 5 or out.is_complex():
+        if (
+            not isinstance(out, torch.Tensor)
+            or out.numel() > self.profile.max_numel
+            or out.dim() > 5
+            or out.is_complex()
+        ):
             if before is not None:
                 self._restore(before)
             self.env.pop(target, None)

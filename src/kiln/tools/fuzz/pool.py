@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from kiln.tools.fuzz.grammar import generate
 from kiln.tools.fuzz.program import render, reproducer
-from kiln.tools.fuzz.runner import Outcome, run_program
+from kiln.tools.fuzz.runner import Outcome, run_program, short
 from kiln.tools.fuzz.shrink import shrink
 
 COMPILE_LINE = {
@@ -80,7 +80,11 @@ def serve() -> int:
     for line in sys.stdin:
         job = json.loads(line)
         print(json.dumps({"start": job["index"]}), flush=True)
-        print(json.dumps(run_job(job)), flush=True)
+        try:
+            result = run_job(job)
+        except Exception as e:  # noqa: BLE001 - the fuzzer's own error: report it, keep serving
+            result = {"seed": job["seed"], "index": job["index"], "cls": "fuzzer error", "detail": short(e)}
+        print(json.dumps(result), flush=True)
     return 0
 
 
