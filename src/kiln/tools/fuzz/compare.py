@@ -8,8 +8,10 @@ inf where fp32 does not) and summing in another order (eager's own error is the 
 Relative tolerances: float32 1e-5 (some 80 ulps: approximations of exp, log, tanh...
 chained, reductions in another order), float16 4e-3 and bfloat16 3e-2 (about 4 ulps: the
 rounding at the store; longer chains pass by the float64 rule). Absolute: the same times the
-output's largest finite magnitude, at least 1e-3 (a reduction's error scales with its terms,
-not its result). Integers and bools compare exactly; NaN only where eager or the reference
+output's largest finite magnitude (a reduction's error scales with its terms, not its
+result), and at least one ulp of 1.0 of the dtype (inputs are of unit scale, so a tiny result
+is mostly a difference of terms near 1 and carries their rounding: log_softmax over a size-1
+dim, the gradient of x / sqrt(x^2 + eps)). Integers and bools compare exactly; NaN only where eager or the reference
 has NaN.
 """
 
@@ -21,9 +23,7 @@ import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
 # relative tolerance per output dtype; the absolute one is this times the largest magnitude,
-# but at least times UNIT_SCALE_FLOOR: inputs are of unit scale, so a tiny result (a
-# gradient of x / sqrt(x^2 + eps)) is a difference of terms near 1 and carries their error
-UNIT_SCALE_FLOOR = 1e-3
+# at least an ulp of 1.0 (see above)
 RTOL = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 
 
@@ -119,7 +119,7 @@ def _compare_float(a: torch.Tensor, e: torch.Tensor, r: torch.Tensor | None) -> 
     rtol = RTOL.get(e.dtype, 1e-5)
     a64, e64 = a.detach().double(), e.detach().double()
     finite = e64[torch.isfinite(e64)]
-    atol = rtol * max(finite.abs().max().item() if finite.numel() else 1.0, UNIT_SCALE_FLOOR)
+    atol = max(rtol * (finite.abs().max().item() if finite.numel() else 1.0), torch.finfo(e.dtype).eps)
     ok = _close(a64, e64, rtol, atol, slack=None)
     if r is not None and not bool(ok.all()):
         r64 = r.detach().to(e.dtype).double() if r.shape == e.shape else None
