@@ -64,6 +64,13 @@ def _first_float_program(seed: int):
 
 
 @fuzzer_check
+def test_generated_programs_run_their_backward_in_eager():
+    # its first draw's backward raised in eager (pow of float16 by bool): drawn again
+    program = generate(200, 1549)
+    assert run_program(program, "eager").cls == "pass"
+
+
+@fuzzer_check
 def test_catches_a_wrong_result_and_accepts_eager():
     program = _first_float_program(4)
     assert run_program(program, "eager").cls == "pass"
