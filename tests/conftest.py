@@ -49,7 +49,9 @@ def assert_same_strides(actual: torch.Tensor, expected: torch.Tensor) -> None:
         return
     dims = [d for d, size in enumerate(expected.shape) if size > 1]
     got, want = [actual.stride(d) for d in dims], [expected.stride(d) for d in dims]
-    assert got == want, f"strides {actual.stride()} vs eager {expected.stride()} (shape {tuple(expected.shape)})"
+    assert got == want, (
+        f"strides {actual.stride()} vs eager {expected.stride()} (shape {tuple(expected.shape)})"
+    )
 
 
 def run_compiled(fn, *args, **options):

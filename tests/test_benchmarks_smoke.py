@@ -12,9 +12,10 @@ import torch
 # benchmarks/ is not an installed package: import it from the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from conftest import run_compiled  # noqa: E402
+
 from benchmarks.cases import CASES  # noqa: E402
 from benchmarks.measure import check_close  # noqa: E402
-from conftest import run_compiled  # noqa: E402
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

@@ -23,7 +23,9 @@ def compile(model_or_fn: Callable | None = None, **options: Any) -> Callable:
     if model_or_fn is None:
         return functools.partial(compile, **options)
     if not callable(model_or_fn):
-        raise TypeError(f"kiln.compile needs a torch.nn.Module or a function, got {type(model_or_fn).__name__}")
+        raise TypeError(
+            f"kiln.compile needs a torch.nn.Module or a function, got {type(model_or_fn).__name__}"
+        )
     from kiln.frontend.backend import kiln_backend
 
     backend = functools.partial(kiln_backend, options=opts)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-GENERATE = textwrap.dedent('''
+GENERATE = textwrap.dedent("""
     import pickle, sys
     import torch, torch.nn.functional as F
     import kiln
@@ -21,13 +21,18 @@ GENERATE = textwrap.dedent('''
         yield lambda a: (a * torch.rsqrt(a.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(a.dtype), (xb,)
         xo, wo = torch.randn(64, 1021, dtype=torch.bfloat16), torch.randn(1021, dtype=torch.bfloat16)
         # rows off 16-byte boundaries: aligned bodies and edges
-        yield lambda a, w: (torch.softmax(a, -1), (a * torch.rsqrt(a.float().pow(2).mean(-1, keepdim=True))).to(a.dtype) * w), (xo, wo)
+        def softmax_and_rmsnorm(a, w):
+            rms = a * torch.rsqrt(a.float().pow(2).mean(-1, keepdim=True))
+            return torch.softmax(a, -1), rms.to(a.dtype) * w
+
+        yield softmax_and_rmsnorm, (xo, wo)
         yield lambda a, w, b: F.layer_norm(a, (1021,), w, b), (xo.float(), wo.float(), wo.float() * 0.5)
         idx = torch.randint(0, 50, (4, 7))
         yield lambda w, i: torch.cat([w[i], F.pad(w[i], (1, 1))[..., 1:-1]], -1), (torch.randn(50, 16), idx)
         for dt in (torch.int64, torch.int32, torch.uint8):  # integer divisions and their checks
             a, b = torch.randint(0, 100, (64,), dtype=dt), torch.randint(1, 9, (64,), dtype=dt)
-            yield lambda a, b: (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc")), (a, b)
+            yield (lambda a, b: (a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc")),
+                   (a, b))
 
     kernels = []
     for fn, args in graphs():
@@ -35,7 +40,7 @@ GENERATE = textwrap.dedent('''
         kiln.compile(fn)(*args)
         kernels += REPORTS[-1].kernels
     pickle.dump(kernels, open(sys.argv[1], "wb"))
-''')
+""")
 
 
 _generated: dict[str, str] = {}
@@ -49,8 +54,14 @@ def kernels_pickle(tmp_path_factory) -> str:
     tmp = tmp_path_factory.mktemp("generated")
     env = dict(os.environ, KILN_CACHE_DIR=str(tmp), KILN_TARGET="triton", TRITON_INTERPRET="1")
     path = str(tmp / "kernels.pkl")
-    gen = subprocess.run([sys.executable, "-c", GENERATE, path], env=env, capture_output=True, text=True,
-                         timeout=600, check=False)
+    gen = subprocess.run(
+        [sys.executable, "-c", GENERATE, path],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert gen.returncode == 0, gen.stderr[-4000:]
     _generated["path"] = path
     return path

@@ -41,10 +41,13 @@ ERF = _applying("erf_f32", '''
 ''')
 
 
-GELU = _applying("gelu", '''
+GELU = _applying(
+    "gelu",
+    """
     torch.manual_seed(0)
     x = torch.cat([torch.linspace(-8, 8, 400001), torch.logspace(-30, 1, 20001), torch.randn(20000) * 3])
-    x = torch.cat([x, -x, torch.tensor([0.0, 5.5, -5.5, 30.0, -30.0, 1e30, -1e30, float("inf"), float("nan")])])
+    specials = torch.tensor([0.0, 5.5, -5.5, 30.0, -30.0, 1e30, -1e30, float("inf"), float("nan")])
+    x = torch.cat([x, -x, specials])
     y = torch.empty_like(x)
     apply[(triton.cdiv(x.numel(), 4096),)](x, y, x.numel(), BLOCK=4096)
     x64 = x.double()
@@ -52,17 +55,20 @@ GELU = _applying("gelu", '''
     # GELU is x * Phi(x): the error is Phi's, scaled by |x|, plus the product's rounding
     finite = x.isfinite()
     y64, ref = y.double()[finite], (x64 * phi)[finite]
-    print("max_phi_error", ((y64 - ref).abs() - ref.abs() * 2**-24).div(x64[finite].abs().clamp(min=1e-30)).max().item())
+    excess = ((y64 - ref).abs() - ref.abs() * 2**-24).div(x64[finite].abs().clamp(min=1e-30))
+    print("max_phi_error", excess.max().item())
     assert y[-2].item() == float("inf") and math.isnan(y[-1].item())
     far = x.abs() >= 30
     assert torch.equal(y[far], torch.where(x[far] > 0, x[far], 0.0)), "GELU is x or 0 far from 0"
-''')
+""",
+)
 
 
 def _interpreted(script: str) -> str:
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout
 
@@ -84,7 +90,7 @@ def _run_prmt(asm: str, registers: dict) -> dict:
     for line in asm.splitlines():
         if not line.startswith("prmt.b32"):
             continue
-        out, a, b, sel = (t.strip(" ;") for t in line[len("prmt.b32"):].split(","))
+        out, a, b, sel = (t.strip(" ;") for t in line[len("prmt.b32") :].split(","))
         pair = registers[a] | registers[b] << 32
         selector = registers[sel]
         registers[out] = sum(((pair >> 8 * (selector >> 4 * i & 7)) & 0xFF) << 8 * i for i in range(4))
@@ -100,14 +106,23 @@ def test_column_window_shifts_by_every_offset(elem_bits):
     asm, vector = km._shift_asm(elem_bits), 128 // elem_bits
     mask = (1 << elem_bits) - 1
     window = [(0x1234 + 977 * i) & mask for i in range(2 * vector)]
-    words = [sum(window[i * (32 // elem_bits) + j] << elem_bits * j for j in range(32 // elem_bits)) for i in range(8)]
+    words = [
+        sum(window[i * (32 // elem_bits) + j] << elem_bits * j for j in range(32 // elem_bits))
+        for i in range(8)
+    ]
     for shift in range(vector):
         byte_shift = shift * elem_bits // 8
         registers = {f"${4 + i}": w for i, w in enumerate(words)}
-        selectors = [0x7654 if byte_shift & 8 else 0x3210, 0x7654 if byte_shift & 4 else 0x3210,
-                     0x5432 if byte_shift & 2 else 0x3210]
-        for step, selector in enumerate(selectors[:3 if elem_bits == 16 else 2]):
+        selectors = [
+            0x7654 if byte_shift & 8 else 0x3210,
+            0x7654 if byte_shift & 4 else 0x3210,
+            0x5432 if byte_shift & 2 else 0x3210,
+        ]
+        for step, selector in enumerate(selectors[: 3 if elem_bits == 16 else 2]):
             registers[f"${12 + vector * step}"] = selector
         out = _run_prmt(asm, registers)
-        got = [out[f"${i // (32 // elem_bits)}"] >> elem_bits * (i % (32 // elem_bits)) & mask for i in range(vector)]
-        assert got == window[shift:shift + vector], (shift, got)
+        got = [
+            out[f"${i // (32 // elem_bits)}"] >> elem_bits * (i % (32 // elem_bits)) & mask
+            for i in range(vector)
+        ]
+        assert got == window[shift : shift + vector], (shift, got)

@@ -3,7 +3,6 @@ attention call; other masks keep the written-out form (their fully masked rows a
 
 import pytest
 import torch
-
 from conftest import check
 
 

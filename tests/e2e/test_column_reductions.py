@@ -3,7 +3,6 @@ neighbouring columns. Sizes are not multiples of the block, to cover the tail.""
 
 import pytest
 import torch
-
 from conftest import check
 
 

@@ -64,7 +64,9 @@ def test_failing_lowering_is_a_crash(mode, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a lowering bug")
 
-    monkeypatch.setattr(importer, "lookup", lambda t: broken if t == torch.ops.aten.sin.default else lookup(t))
+    monkeypatch.setattr(
+        importer, "lookup", lambda t: broken if t == torch.ops.aten.sin.default else lookup(t)
+    )
     result = _classify(torch.sin, mode)
     assert result["class"] == "crash" and "a lowering bug" in result["detail"]
 

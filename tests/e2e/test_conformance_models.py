@@ -21,8 +21,9 @@ import torch.nn.functional as F
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kiln  # noqa: E402
 from conftest import assert_same, randomize_batchnorm  # noqa: E402
+
+import kiln  # noqa: E402
 from kiln.frontend.backend import REPORTS  # noqa: E402
 
 FWD_TOL = dict(rtol=1e-4, atol=1e-4)
@@ -172,42 +173,89 @@ def bert():
 
 
 def vit():
-    cfg = _hf("ViTConfig")(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=128, num_labels=10, hidden_dropout_prob=0.0,
-                           attention_probs_dropout_prob=0.0)
-    return _hf("ViTForImageClassification")(cfg), dict(pixel_values=torch.randn(2, 3, 32, 32),
-                                                       labels=torch.randint(0, 10, (2,)))
+    cfg = _hf("ViTConfig")(
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return _hf("ViTForImageClassification")(cfg), dict(
+        pixel_values=torch.randn(2, 3, 32, 32), labels=torch.randint(0, 10, (2,))
+    )
 
 
 def whisper():
-    cfg = _hf("WhisperConfig")(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                               decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                               vocab_size=128, num_mel_bins=16, max_source_positions=32, max_target_positions=32,
-                               pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
-                               dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    cfg = _hf("WhisperConfig")(
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        vocab_size=128,
+        num_mel_bins=16,
+        max_source_positions=32,
+        max_target_positions=32,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+    )
     ids = _ids(n=8)
-    return _hf("WhisperForConditionalGeneration")(cfg), dict(input_features=torch.randn(2, 16, 64),
-                                                             decoder_input_ids=ids, labels=ids)
+    return _hf("WhisperForConditionalGeneration")(cfg), dict(
+        input_features=torch.randn(2, 16, 64), decoder_input_ids=ids, labels=ids
+    )
 
 
 def mixtral():
-    cfg = _hf("MixtralConfig")(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, vocab_size=128, num_local_experts=4,
-                               num_experts_per_tok=2, max_position_embeddings=64)
+    cfg = _hf("MixtralConfig")(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+    )
     ids = _ids()
     return _hf("MixtralForCausalLM")(cfg), dict(input_ids=ids, labels=ids)
 
 
 def gpt2():
-    cfg = _hf("GPT2Config")(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64, resid_pdrop=0.0,
-                            embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg = _hf("GPT2Config")(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=128,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     ids = _ids()
     return _hf("GPT2LMHeadModel")(cfg), dict(input_ids=ids, labels=ids)
 
 
 def llama():
-    cfg = _hf("LlamaConfig")(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, vocab_size=128)
+    cfg = _hf("LlamaConfig")(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
     ids = _ids()
     return _hf("LlamaForCausalLM")(cfg), dict(input_ids=ids, labels=ids)
 

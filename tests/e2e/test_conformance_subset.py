@@ -66,18 +66,28 @@ _INT = [
     'log2', 'lt', 'rsqrt', 'exp2', 'heaviside', 'min.reduction_with_dim', 'logical_and',
     'nn.functional.relu', 'logical_xor', 'max.reduction_with_dim',
 ]
-SUBSET = [(n, "float32") for n in _FLOAT32] + [(n, "bfloat16") for n in _BFLOAT16] + [(n, "int") for n in _INT]
+SUBSET = (
+    [(n, "float32") for n in _FLOAT32] + [(n, "bfloat16") for n in _BFLOAT16] + [(n, "int") for n in _INT]
+)
 
 PAST_FAILURES = [
     # AOTAutograd's data-dependent errors are Dynamo's to handle (a graph break), not a fallback
-    ("narrow", "float32"), ("tensor_split", "float32"), ("take", "float32"), ("take", "int"),
+    ("narrow", "float32"),
+    ("tensor_split", "float32"),
+    ("take", "float32"),
+    ("take", "int"),
     # complex values between ATen calls: kernels have no complex types
-    ("cfloat", "float32"), ("cdouble", "float32"), ("chalf", "float32"), ("fft.fft2", "float32"),
-    ("fft.irfft", "float32"), ("fft.hfftn", "float32"),
+    ("cfloat", "float32"),
+    ("cdouble", "float32"),
+    ("chalf", "float32"),
+    ("fft.fft2", "float32"),
+    ("fft.irfft", "float32"),
+    ("fft.hfftn", "float32"),
     # an ATen kernel returning another dtype than its meta function (bf16 running stats)
     ("_batch_norm_with_update", "bfloat16"),
     # integer images: PyTorch's own decomposition rounds unlike eager's kernel
-    ("nn.functional.interpolate.bilinear", "int"), ("nn.functional.interpolate.bicubic", "int"),
+    ("nn.functional.interpolate.bilinear", "int"),
+    ("nn.functional.interpolate.bicubic", "int"),
     ("nn.functional.upsample_bilinear", "int"),
 ]
 
@@ -85,21 +95,39 @@ PAST_FAILURES = [
 # Every entry is expected to pass with every op lowered by kiln, except these.
 FALLBACK_PASS = {
     "float32": {
-        "nn.functional.scaled_dot_product_attention", "nanquantile", "nn.functional.local_response_norm",
-        "nn.functional.instance_norm", "special.log_ndtr", "isin", "nn.functional.cosine_similarity",
-        "_unsafe_masked_index_put_accumulate", "cfloat", "cdouble", "chalf", "fft.fft2", "fft.irfft",
+        "nn.functional.scaled_dot_product_attention",
+        "nanquantile",
+        "nn.functional.local_response_norm",
+        "nn.functional.instance_norm",
+        "special.log_ndtr",
+        "isin",
+        "nn.functional.cosine_similarity",
+        "_unsafe_masked_index_put_accumulate",
+        "cfloat",
+        "cdouble",
+        "chalf",
+        "fft.fft2",
+        "fft.irfft",
         "fft.hfftn",
     },
     "bfloat16": {
-        "nn.functional.scaled_dot_product_attention", "nn.functional.instance_norm", "renorm",
-        "nn.functional.local_response_norm", "nn.functional.cosine_embedding_loss", "bernoulli",
+        "nn.functional.scaled_dot_product_attention",
+        "nn.functional.instance_norm",
+        "renorm",
+        "nn.functional.local_response_norm",
+        "nn.functional.cosine_embedding_loss",
+        "bernoulli",
         "_unsafe_masked_index_put_accumulate",
         "_batch_norm_with_update",  # a momentum that changes between calls: compiled per value
     },
     "int": {
-        "nn.functional.cosine_embedding_loss", "special.log_ndtr", "nn.functional.pad.circular",
-        "nn.functional.local_response_norm", "nn.functional.interpolate.bilinear",
-        "nn.functional.interpolate.bicubic", "nn.functional.upsample_bilinear",
+        "nn.functional.cosine_embedding_loss",
+        "special.log_ndtr",
+        "nn.functional.pad.circular",
+        "nn.functional.local_response_norm",
+        "nn.functional.interpolate.bilinear",
+        "nn.functional.interpolate.bicubic",
+        "nn.functional.upsample_bilinear",
     },
 }
 # The Triton generator has no inverse trigonometric functions: they run in ATen there.

@@ -88,7 +88,9 @@ def _sin_as_cos(gm, example_inputs):
 
 @fuzzer_check
 def test_shrinks_a_failure_to_its_cause():
-    wrong = lambda fn: torch.compile(fn, backend=_sin_as_cos)
+    def wrong(fn):
+        return torch.compile(fn, backend=_sin_as_cos)
+
     for index in range(300):
         program = generate(21, index)
         candidate = "torch.sin(" in render(program) and len(program.stmts) >= 3 and not program.grad
@@ -146,7 +148,8 @@ def test_tiny_results_carry_the_error_of_unit_scale_terms():
     eager = torch.tensor([-3.2837668e-09])
     assert compare_tensor(torch.tensor([-4.0398751e-09]), eager, ref) == ""
     # log_softmax over a size-1 dim: eager's x - x is 0, a fused one is within an ulp of 1.0
-    assert compare_tensor(torch.tensor([5.5e-8]), torch.tensor([0.0]), torch.zeros(1, dtype=torch.float64)) == ""
+    zero64 = torch.zeros(1, dtype=torch.float64)
+    assert compare_tensor(torch.tensor([5.5e-8]), torch.tensor([0.0]), zero64) == ""
     assert compare_tensor(torch.tensor([-1e-6]), eager, ref) != ""
 
 

@@ -4,11 +4,11 @@ never fires where eager's op would not."""
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_same, run_compiled
+from op_inputs import randint, randn
 
 import kiln
-from conftest import assert_same, run_compiled
 from kiln.frontend.backend import REPORTS
-from op_inputs import randint, randn
 
 
 def _setitem(x, i):

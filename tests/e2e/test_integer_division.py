@@ -3,10 +3,10 @@ smallest integer divided by -1 wraps (it traps in C, and kiln's program must not
 
 import pytest
 import torch
-
-import kiln
 from conftest import assert_same, check
 from op_inputs import nonzero_ints, randint
+
+import kiln
 
 DIVISIONS = {
     "floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import TOLERANCE, assert_same, check, randomize_batchnorm, run_compiled
 
 import kiln
-from conftest import TOLERANCE, assert_same, check, randomize_batchnorm, run_compiled
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

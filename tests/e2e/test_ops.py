@@ -4,7 +4,6 @@ activations, casts and type promotion, integer semantics, layouts and NaN/inf.""
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import check
 from op_inputs import FLOATS, LAYOUTS, nonzero_ints, positive, randint, randn, with_layout, with_specials
 

@@ -4,11 +4,11 @@ compiled vs eager."""
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_same, check
+from op_inputs import FLOATS, randint, randn, with_layout
 
 import kiln
-from conftest import assert_same, check
 from kiln.frontend.backend import REPORTS
-from op_inputs import FLOATS, randint, randn, with_layout
 
 
 # ----------------------------------------------------------------------------- gathers
@@ -174,7 +174,8 @@ def test_narrow_select_flip_roll():
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_scatter_one_index_per_line(dim):
     def f(x, index, src):
-        return x.scatter(dim, index, -1.5), x.scatter(dim, index, src), torch.zeros_like(x).scatter_(dim, index, 2.0)
+        into_zeros = torch.zeros_like(x).scatter_(dim, index, 2.0)
+        return x.scatter(dim, index, -1.5), x.scatter(dim, index, src), into_zeros
 
     x = torch.randn(7, 9)
     shape = (1, 9) if dim == 0 else (7, 1)

@@ -4,7 +4,6 @@ several and all dimensions, with NaN/inf where eager defines what they do."""
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import TOLERANCE, check
 from op_inputs import FLOATS, randint, randn, with_layout, with_specials
 

@@ -1,6 +1,5 @@
 import torch
 import torch.nn.functional as F
-
 from conftest import check
 
 

@@ -3,7 +3,6 @@
 
 import pytest
 import torch
-
 from conftest import check
 
 # A sum of n float32 terms of size ~1 is exact to about sqrt(n) ulps of 1, in any order.
@@ -42,7 +41,9 @@ def test_column_sums_of_a_layernorm_weight_gradient():
         return (dy * xhat).sum((0, 1)), dy.sum((0, 1))
 
     x, dy = torch.randn(4, 1024, 48), torch.randn(4, 1024, 48)
-    check(f, x, dy, x.mean(-1, keepdim=True), torch.rand(4, 1024, 1) + 0.5, tol=LONG_SUM_F32, expect_native=True)
+    check(
+        f, x, dy, x.mean(-1, keepdim=True), torch.rand(4, 1024, 1) + 0.5, tol=LONG_SUM_F32, expect_native=True
+    )
 
 
 def test_argmax_is_not_split():

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import check
 
 import kiln
-from conftest import check
 
 
 class Net(nn.Module):
@@ -34,7 +34,9 @@ def test_training_steps_match_eager():
         loss_k.backward()
         torch.testing.assert_close(loss_k, loss_e, rtol=1e-5, atol=1e-6)
         for (name, pe), pk in zip(eager.named_parameters(), model.parameters()):
-            torch.testing.assert_close(pk.grad, pe.grad, rtol=1e-4, atol=1e-6, msg=f"grad of {name}, step {step}")
+            torch.testing.assert_close(
+                pk.grad, pe.grad, rtol=1e-4, atol=1e-6, msg=f"grad of {name}, step {step}"
+            )
         for opt in (opt_e, opt_k):
             opt.step()
             opt.zero_grad()
@@ -53,10 +55,14 @@ def test_input_gradients():
     torch.testing.assert_close(w2.grad, w.grad, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("make", [
-    lambda p: torch.optim.AdamW(p, lr=1e-2),
-    lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9),
-], ids=["adamw", "sgd-momentum"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.AdamW(p, lr=1e-2),
+        lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9),
+    ],
+    ids=["adamw", "sgd-momentum"],
+)
 def test_compiled_optimizer_step(make):
     torch.manual_seed(0)
     eager = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))

@@ -47,7 +47,9 @@ def test_index_out_of_range_asserts_on_the_device():
         print("no error")
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
     assert done.returncode != 0 and "no error" not in done.stdout, done.stdout + done.stderr
     assert "assert" in done.stderr, done.stderr[-2000:]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln.options import Options
 from kiln.codegen.backends import get_backend
 from kiln.frontend.decompositions import decomposition_table
 from kiln.frontend.importer import import_graph
 from kiln.ir.kernel import Kernel
 from kiln.ir.tensor import Graph
+from kiln.options import Options
 from kiln.passes.fusion import Schedule, plan_stores
 from kiln.passes.layout import Layouts
 from kiln.passes.pipeline import _fuse_and_kernelize
@@ -29,5 +29,7 @@ def plan(fn, *args: torch.Tensor) -> tuple[Schedule, list[Kernel]]:
     graph = tensor_graph(fn, *args)
     layouts = Layouts(graph)
     stored, aliases, decisions = plan_stores(graph, layouts)
-    sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, get_backend("cpp", Options()))
+    sched, kernels = _fuse_and_kernelize(
+        graph, stored, aliases, decisions, layouts, get_backend("cpp", Options())
+    )
     return sched, list(kernels.values())

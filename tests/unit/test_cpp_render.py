@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from planning import plan
 
 from kiln.codegen import cpp
-from planning import plan
 
 
 def test_a_bf16_value_rounded_already_is_stored_by_its_upper_half():

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from planning import plan
 
 from kiln.passes.fusion import KernelPlan, Schedule
-from planning import plan
 
 
 def kernel_plans(sched: Schedule) -> list[KernelPlan]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import textwrap
 
 import torch
+from planning import plan, tensor_graph
 
 from kiln.ir.kernel import kernel_str
-from planning import plan, tensor_graph
 
 
 def golden(text: str) -> str:

@@ -13,7 +13,14 @@ from kiln.ir.tensor import Builder, Graph, Node, Op, contiguous_strides, dim_sym
 from kiln.lower import core
 from kiln.passes import simplify as s
 
-F32, F64, BF16, I32, I64, BOOL = torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.int64, torch.bool
+F32, F64, BF16, I32, I64, BOOL = (
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+)
 SHAPE = (2, 3)
 
 
@@ -219,8 +226,10 @@ def test_sum_of_one_hot_needs_terms_constant_along_the_axis():
     # a float target (2.5) may equal no index at all
     assert s.sum_of_one_hot(b, one_hot_sum(b, row_of(b, inp(b, 4, shape=(2,))), const(b, -1.0), None)) is None
     # compared with the index of another axis than the one summed
-    assert s.sum_of_one_hot(b, one_hot_sum(b, row_of(b, inp(b, 3, I64, shape=(2,))), const(b, 1.0), None,
-                                           dim=0)) is None
+    assert (
+        s.sum_of_one_hot(b, one_hot_sum(b, row_of(b, inp(b, 3, I64, shape=(2,))), const(b, 1.0), None, dim=0))
+        is None
+    )
 
 
 # -- divide_by_softmax_sum --------------------------------------------------------------------
@@ -244,8 +253,13 @@ def test_softmax_divides_once_per_row():
     reciprocal = out.inputs[1].inputs[0]
     assert reciprocal.fn == "div" and reciprocal.shape == (SHAPE[0],)  # one division per row
     x = torch.randn(SHAPE) * 30
-    assert torch.allclose(torch.softmax(x, 1), torch.exp(x - x.amax(1, keepdim=True)) * (
-        1 / torch.exp(x - x.amax(1, keepdim=True)).sum(1, keepdim=True)), rtol=3e-7, atol=0)
+    assert torch.allclose(
+        torch.softmax(x, 1),
+        torch.exp(x - x.amax(1, keepdim=True))
+        * (1 / torch.exp(x - x.amax(1, keepdim=True)).sum(1, keepdim=True)),
+        rtol=3e-7,
+        atol=0,
+    )
 
 
 def test_divide_by_softmax_sum_needs_the_row_maximum_of_the_same_values():
@@ -254,7 +268,9 @@ def test_divide_by_softmax_sum_needs_the_row_maximum_of_the_same_values():
     assert s.divide_by_softmax_sum(b, softmax_quotient(b, x, numerator=y)) is not None  # any numerator
     # a sum of exp(x - max y) may be tiny: its reciprocal could overflow
     assert s.divide_by_softmax_sum(b, softmax_quotient(b, x, shift=y)) is None
-    assert s.divide_by_softmax_sum(b, pw(b, "div", y, row_of(b, row_reduce(b, "sum", pw(b, "exp", x))))) is None
+    assert (
+        s.divide_by_softmax_sum(b, pw(b, "div", y, row_of(b, row_reduce(b, "sum", pw(b, "exp", x))))) is None
+    )
     assert s.divide_by_softmax_sum(b, pw(b, "div", y, x)) is None
 
 
@@ -276,7 +292,7 @@ def test_divide_by_power_of_two_multiplies_by_its_reciprocal():
     b = Builder()
     for dtype in (F32, BF16, F64):
         x = inp(b, dtype=dtype)
-        for value in (4096.0, 0.25, -8.0, 2.0 ** 100):
+        for value in (4096.0, 0.25, -8.0, 2.0**100):
             out = s.divide_by_power_of_two(b, pw(b, "div", x, const(b, value, dtype)))
             assert out.fn == "mul" and out.inputs[0] is x and out.inputs[1].attrs == (1 / value,)
             assert out.dtype == dtype
@@ -285,19 +301,19 @@ def test_divide_by_power_of_two_multiplies_by_its_reciprocal():
 def test_divide_by_power_of_two_is_exact():
     # subnormal, huge, infinite and NaN numerators included
     x = torch.cat([torch.randn(10000) * 1e3, torch.tensor([1e-40, -3e-39, 3e38, float("inf"), float("nan")])])
-    for value in (4096.0, 0.125, -2.0 ** 60):
+    for value in (4096.0, 0.125, -(2.0**60)):
         torch.testing.assert_close(x / value, x * (1 / value), rtol=0, atol=0, equal_nan=True)
 
 
 def test_divide_by_power_of_two_does_not_fire_otherwise():
     b = Builder()
     x = inp(b)
-    for value in (3.0, 0.0, -0.0, float("inf"), float("nan"), 2.0 ** 127, 2.0 ** -127):
+    for value in (3.0, 0.0, -0.0, float("inf"), float("nan"), 2.0**127, 2.0**-127):
         assert s.divide_by_power_of_two(b, pw(b, "div", x, const(b, value))) is None, value
     assert s.divide_by_power_of_two(b, pw(b, "div", const(b, 4.0), x)) is None  # 4 / x
     half = inp(b, dtype=torch.float16)
-    assert s.divide_by_power_of_two(b, pw(b, "div", half, const(b, 2.0 ** 15, torch.float16))) is None
-    assert s.divide_by_power_of_two(b, pw(b, "div", half, const(b, 2.0 ** 14, torch.float16))) is not None
+    assert s.divide_by_power_of_two(b, pw(b, "div", half, const(b, 2.0**15, torch.float16))) is None
+    assert s.divide_by_power_of_two(b, pw(b, "div", half, const(b, 2.0**14, torch.float16))) is not None
     xi = inp(b, dtype=I64)  # true division of integers: the quotient's dtype differs from x's
     true_division = b.make(Op.POINTWISE, (xi, const(b, 4.0)), ("div",), SHAPE, F32)
     assert s.divide_by_power_of_two(b, true_division) is None
@@ -306,16 +322,25 @@ def test_divide_by_power_of_two_does_not_fire_otherwise():
 def test_divide_by_power_of_two_takes_the_quotients_dtype_for_the_reciprocal():
     b = Builder()
     x = inp(b)
-    for den in (const(b, 4, I64), const(b, 2.0 ** -20, torch.float16)):  # 2^20 is not a float16
+    for den in (const(b, 4, I64), const(b, 2.0**-20, torch.float16)):  # 2^20 is not a float16
         out = s.divide_by_power_of_two(b, b.make(Op.POINTWISE, (x, den), ("div",), SHAPE, F32))
         assert out.fn == "mul" and out.inputs[1].dtype == F32 and out.inputs[1].attrs == (1 / den.attrs[0],)
 
 
 def test_every_rule_is_in_a_rule_set():
     rules = {r.__name__ for r in s.all_rules()}
-    assert rules == {"fold_constants", "add_zero", "mul_one", "double_negation", "round_trip_cast",
-                     "where_same_branches", "where_constant_condition", "sum_of_one_hot",
-                     "divide_by_softmax_sum", "divide_by_power_of_two"}
+    assert rules == {
+        "fold_constants",
+        "add_zero",
+        "mul_one",
+        "double_negation",
+        "round_trip_cast",
+        "where_same_branches",
+        "where_constant_condition",
+        "sum_of_one_hot",
+        "divide_by_softmax_sum",
+        "divide_by_power_of_two",
+    }
     for rule in s.all_rules():
         assert rule.__doc__, f"{rule.__name__} states its identity"
 

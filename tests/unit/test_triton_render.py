@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from planning import plan
 
 from kiln.codegen import triton as tr
-from planning import plan
 
 
 def test_an_element_wise_kernel_of_odd_size_masks_only_its_last_program():

@@ -224,7 +224,8 @@ def _needs_values(e: BaseException) -> bool:
     PyTorch's dispatcher matches in C++ (e.g. _batch_norm_with_update) re-raises the Python
     error of its decomposition as a RuntimeError that keeps only its text."""
     while e is not None:
-        if isinstance(e, GuardOnDataDependentSymNode) or "error details: GuardOnDataDependentSymNode" in str(e):
+        wrapped = "error details: GuardOnDataDependentSymNode" in str(e)
+        if isinstance(e, GuardOnDataDependentSymNode) or wrapped:
             return True
         e = e.__cause__ or e.__context__
     return False
@@ -239,9 +240,14 @@ def _numbers_to_move(gm: fx.GraphModule, args: tuple) -> tuple[torch.device | No
         return None, frozenset()
     placeholders = _placeholders(gm)
     return next(iter(devices)), frozenset(
-        i for i, (n, a) in enumerate(zip(placeholders, args))
-        if isinstance(a, torch.Tensor) and a.dim() == 0 and a.device.type == "cpu" and n.users
-        and all(u.op == "call_method" and u.target == "item" for u in n.users))
+        i
+        for i, (n, a) in enumerate(zip(placeholders, args))
+        if isinstance(a, torch.Tensor)
+        and a.dim() == 0
+        and a.device.type == "cpu"
+        and n.users
+        and all(u.op == "call_method" and u.target == "item" for u in n.users)
+    )
 
 
 def _reads_scalars(gm: fx.GraphModule) -> bool:
@@ -293,8 +299,9 @@ class _PerValue:
         self.gm, self.options = gm, options
         self.reads = [n for n in gm.graph.nodes if n.op == "call_method" and n.target == "item"]
         placeholders = _placeholders(gm)
-        self.positions = [placeholders.index(n.args[0]) if n.args[0] in placeholders else -1
-                          for n in self.reads]
+        self.positions = [
+            placeholders.index(n.args[0]) if n.args[0] in placeholders else -1 for n in self.reads
+        ]
         self.compiled: dict[tuple, Callable] = {}
 
     def __call__(self, *args: Any) -> Any:
@@ -327,8 +334,12 @@ def _in_aten(gm: fx.GraphModule, error: Exception) -> Callable:
     return gm.forward
 
 
-def kiln_backend(gm: fx.GraphModule, example_inputs: list[Any], options: Options | dict | None = None,
-                 mode: str | None = None) -> Callable:
+def kiln_backend(
+    gm: fx.GraphModule,
+    example_inputs: list[Any],
+    options: Options | dict | None = None,
+    mode: str | None = None,
+) -> Callable:
     """torch.compile(model, backend="kiln"), whose mode= and options= (a dict) arrive here."""
     if not isinstance(options, Options):
         options = backend_options(mode, options)  # the user's arguments: an error raises
@@ -369,5 +380,11 @@ def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: O
         splits.append(PartitionSummary())
         return partition(joint, joint_inputs, summary=splits[-1], **kwargs)
 
-    return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler, bw_compiler=bw_compiler,
-                                 partition_fn=partition_fn, decompositions=decomposition_table())
+    return aot_module_simplified(
+        gm,
+        example_inputs,
+        fw_compiler=fw_compiler,
+        bw_compiler=bw_compiler,
+        partition_fn=partition_fn,
+        decompositions=decomposition_table(),
+    )

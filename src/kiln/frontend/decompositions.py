@@ -81,8 +81,17 @@ def decomposition_table() -> dict:
 
 # PyTorch decomposes these interpolations inside autograd itself (whatever table we pass);
 # on integer images the decomposition rounds differently from eager's fixed-point kernels.
-_INTERPOLATIONS = {"interpolate", "upsample", "upsample_bilinear", "upsample_bilinear2d", "upsample_bicubic2d",
-                   "upsample_linear1d", "upsample_trilinear3d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"}
+_INTERPOLATIONS = {
+    "interpolate",
+    "upsample",
+    "upsample_bilinear",
+    "upsample_bilinear2d",
+    "upsample_bicubic2d",
+    "upsample_linear1d",
+    "upsample_trilinear3d",
+    "_upsample_bilinear2d_aa",
+    "_upsample_bicubic2d_aa",
+}
 _SMOOTH_MODES = ("linear", "bilinear", "bicubic", "trilinear")
 
 

@@ -21,7 +21,6 @@ from kiln.lower.core import WEAK_SCALAR, Unsupported, cast, constant, is_weak_sc
 from kiln.lower.registry import lookup
 from kiln.options import env_debug
 
-
 aten = torch.ops.aten
 # The most nodes one ATen call may lower to: a lowering that loops over a dimension's extent
 # (unbind, split into many pieces) would otherwise unroll data-sized work into the source.
@@ -110,13 +109,15 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
                 raise Unsupported("the graph returns a number read from a tensor at run time")
             graph = b.finish(outs, position)
             graph.output_strides = [
-                tuple(a.meta["val"].stride()) if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
+                tuple(a.meta["val"].stride())
+                if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
                 else None
                 for a in fx_outs
             ]
             # an FX node returned twice is one tensor in eager too: only its first return is fresh
-            graph.output_fresh = [_returns_new_memory(a) and a not in fx_outs[:k]
-                                  for k, a in enumerate(fx_outs)]
+            graph.output_fresh = [
+                _returns_new_memory(a) and a not in fx_outs[:k] for k, a in enumerate(fx_outs)
+            ]
             return graph, fallbacks
         else:
             raise Unsupported(f"FX node kind {n.op} is not handled")
@@ -174,8 +175,14 @@ def _tensor_constant(b: Builder, value: Any) -> Any:
         return _extern(b, _TensorConstant(value), (), {}, value, "tensor constant of the graph")
 
 
-def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
-                unsupported_fns: frozenset = frozenset(), device: torch.device | None = None) -> Any:
+def _lower_call(
+    b: Builder,
+    n: fx.Node,
+    env: dict,
+    fallbacks: dict[str, str],
+    unsupported_fns: frozenset = frozenset(),
+    device: torch.device | None = None,
+) -> Any:
     args = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.args)
     kwargs = tree_map(lambda a: env[a] if isinstance(a, fx.Node) else a, n.kwargs)
     val = n.meta.get("val")
@@ -203,8 +210,9 @@ def _lower_call(b: Builder, n: fx.Node, env: dict, fallbacks: dict[str, str],
         fn, reason = None, "complex tensors are not lowered"
     if fn is not None:
         single = isinstance(val, torch.Tensor)
-        ctx = LowerCtx(b, n.target, tuple(val.shape) if single else None, val.dtype if single else None,
-                       n, device)
+        ctx = LowerCtx(
+            b, n.target, tuple(val.shape) if single else None, val.dtype if single else None, n, device
+        )
         try:
             first_new = len(b.nodes)
             b.limit_growth(NODES_PER_OP_LIMIT)
@@ -246,8 +254,13 @@ def _scalar_read(b: Builder, tensor: Any) -> Node:
 
 
 # Python arithmetic on numbers read at run time (e.g. -s for a float argument s)
-_NUMBER_OPS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
-               operator.neg: "neg"}
+_NUMBER_OPS = {
+    operator.add: "add",
+    operator.sub: "sub",
+    operator.mul: "mul",
+    operator.truediv: "div",
+    operator.neg: "neg",
+}
 
 
 def _number_op(b: Builder, fn: str, args: tuple) -> Node:
@@ -255,8 +268,9 @@ def _number_op(b: Builder, fn: str, args: tuple) -> Node:
     are integers (except true division); it promotes as a Python number too."""
     if not all(is_weak_scalar(a) or isinstance(a, (int, float)) and not isinstance(a, bool) for a in args):
         raise Unsupported(f"{fn} of a number read at run time and {args}")
-    floats = fn == "div" or any(isinstance(a, float) or is_weak_scalar(a) and a.dtype.is_floating_point
-                                for a in args)
+    floats = fn == "div" or any(
+        isinstance(a, float) or is_weak_scalar(a) and a.dtype.is_floating_point for a in args
+    )
     dtype = torch.float64 if floats else torch.int64
     operands = tuple(cast(b, a, dtype) if isinstance(a, Node) else constant(b, a, dtype) for a in args)
     return b.make(Op.POINTWISE, operands, (fn,), (), dtype, meta={WEAK_SCALAR: True})

@@ -28,17 +28,20 @@ class ErrorRule:
 RULES: dict[str, ErrorRule] = {
     "index_select": ErrorRule(IndexError, "index out of range in self"),
     # eager's index_select along dim 1 runs another kernel, with its own error
-    "index_select_dim1": ErrorRule(RuntimeError,
-                                   "INDICES element is out of DATA bounds, id={value} axis_dim={size}"),
+    "index_select_dim1": ErrorRule(
+        RuntimeError, "INDICES element is out of DATA bounds, id={value} axis_dim={size}"
+    ),
     "embedding": ErrorRule(IndexError, "index out of range in self"),
     # x[i, :, j]: the dimension eager names is the index tensor's position (j: 1), not x's
-    "index": ErrorRule(IndexError, "index {value} is out of bounds for dimension {input} with size {size}",
-                       wrap=True),
+    "index": ErrorRule(
+        IndexError, "index {value} is out of bounds for dimension {input} with size {size}", wrap=True
+    ),
     "gather": ErrorRule(RuntimeError, _OUT_OF_BOUNDS),
     "scatter": ErrorRule(RuntimeError, _OUT_OF_BOUNDS),
     "nll_loss": ErrorRule(IndexError, "Target {value} is out of bounds."),  # its target, gathered
-    "take": ErrorRule(IndexError, "out of range: tried to access index {value} on a tensor of {size} elements.",
-                      wrap=True),
+    "take": ErrorRule(
+        IndexError, "out of range: tried to access index {value} on a tensor of {size} elements.", wrap=True
+    ),
     "divide_by_zero": ErrorRule(RuntimeError, "ZeroDivisionError"),
 }
 

@@ -211,7 +211,8 @@ def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alia
             if i in stored or i in aliases:
                 continue
             if _store_base_of_view(i, stored, aliases, layouts):
-                decisions.append(Decision(_label(i), "alias", f"strided view of a buffer passed to {n.attrs[0]}"))
+                why = f"strided view of a buffer passed to {n.attrs[0]}"
+                decisions.append(Decision(_label(i), "alias", why))
             else:
                 stored[i] = f"argument of ATen call {n.attrs[0]}"
     return stored, aliases, decisions
@@ -232,8 +233,13 @@ def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
     recomputes the values above it (the LayerNorm's input gradient), which stay inlined."""
     reads: dict[Node, frozenset] = {}
     for n in graph.nodes:
-        reads[n] = (frozenset((n,)) if n in stored
-                    else frozenset().union(*(reads[i] for i in n.inputs)) if n.inputs else frozenset())
+        reads[n] = (
+            frozenset((n,))
+            if n in stored
+            else frozenset().union(*(reads[i] for i in n.inputs))
+            if n.inputs
+            else frozenset()
+        )
     users = graph.users()
     chosen: set[Node] = set()
     for n in reversed(graph.nodes):
@@ -244,8 +250,10 @@ def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
             continue
         recompute = sum(_nbytes(t) for root in kernels for t in reads[n] - _reads_besides(root, n, stored))
         if recompute > _nbytes(n) * (1 + len(kernels)):
-            stored[n] = (f"inlined into {len(kernels)} kernels, each re-reading up to {len(reads[n])} "
-                         f"tensors: stored once instead")
+            stored[n] = (
+                f"inlined into {len(kernels)} kernels, each re-reading up to {len(reads[n])} "
+                f"tensors: stored once instead"
+            )
             chosen.add(n)
     return chosen
 
@@ -303,8 +311,9 @@ def _store_to_bound_kernels(graph: Graph, stored: dict[Node, str]) -> set[Node]:
     return chosen
 
 
-def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
-             decisions: list[Decision]) -> Schedule:
+def schedule(
+    graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias], decisions: list[Decision]
+) -> Schedule:
     """Kernels for every stored node that is computed, given the stored set so far."""
     widely_read = _store_widely_read(graph, stored) | _store_to_bound_kernels(graph, stored)
     # Reductions that cannot run inside their consumers' kernels become stored; repeat
@@ -340,18 +349,28 @@ def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
         need = _required_buffers(plan, stored)
         merged = False
         for k, step in enumerate(steps):
-            if (not isinstance(step, KernelPlan) or len(buffers[k]) + len(step.roots) >= KERNEL_BUFFER_LIMIT
-                    or not _same_domain(step, iter_shape, axes)):
+            if (
+                not isinstance(step, KernelPlan)
+                or len(buffers[k]) + len(step.roots) >= KERNEL_BUFFER_LIMIT
+                or not _same_domain(step, iter_shape, axes)
+            ):
                 continue
             # what the kernel stores element-wise it can also recompute for n
             recomputable = {r for r in step.roots if r.op is not Op.REDUCE}
-            if (need <= produced_before[k] | recomputable
-                    and len(buffers[k] | need) + len(step.roots) < KERNEL_BUFFER_LIMIT):
+            if (
+                need <= produced_before[k] | recomputable
+                and len(buffers[k] | need) + len(step.roots) < KERNEL_BUFFER_LIMIT
+            ):
                 step.roots.append(n)
                 buffers[k] |= need
-                decisions.append(Decision(_label(n), "merged",
-                                          f"same domain {list(iter_shape)} as the kernel storing "
-                                          f"{_label(step.roots[0])}, and independent of every kernel after it"))
+                decisions.append(
+                    Decision(
+                        _label(n),
+                        "merged",
+                        f"same domain {list(iter_shape)} as the kernel storing "
+                        f"{_label(step.roots[0])}, and independent of every kernel after it",
+                    )
+                )
                 merged = True
                 break
         if not merged:
@@ -362,7 +381,9 @@ def schedule(graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias],
         available.add(n)
     for n in graph.nodes:
         if n.op is Op.REDUCE and n not in stored:
-            decisions.append(Decision(_label(n), "fused", "computed inside the kernel of its consumer, row by row"))
+            decisions.append(
+                Decision(_label(n), "fused", "computed inside the kernel of its consumer, row by row")
+            )
         elif n.op is Op.REDUCE or (n in stored and n in widely_read):
             decisions.append(Decision(_label(n), "stored", stored[n]))
     return Schedule(graph, stored, aliases, steps, decisions)

@@ -19,7 +19,6 @@ from kiln.ir.kernel import compute_dtype
 from kiln.ir.tensor import Node, Op, dim_syms, value_sym
 from kiln.passes.fusion import FusionMismatch, KernelPlan, reductions_below
 
-
 # Integer divisions eager raises on when the divisor is zero.
 INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
 # The most indices one kernel computes an inlined value at (see KernelEmitter._count_index).
@@ -330,10 +329,13 @@ class KernelEmitter:
             self.stack.append(final)
             v = self.value(root, self._iter_index())
             self.stack.pop()
-            final.body.append(k.Store(self._param(root, True), self._linear(root, self._iter_index()), v, root.dtype))
+            index = self._linear(root, self._iter_index())
+            final.body.append(k.Store(self._param(root, True), index, v, root.dtype))
         for root in row_stores:
             index = self._row_index() if root.op is Op.REDUCE else self._row_index_of(root)
-            for r in [root] if root.op is Op.REDUCE else reductions_below(root, self.read_buffers, nested=True):
+            for r in (
+                [root] if root.op is Op.REDUCE else reductions_below(root, self.read_buffers, nested=True)
+            ):
                 if r not in self.row_values:
                     self._reduction(r, self._row_index())
             row = _StageBuilder(loop=False)
@@ -350,8 +352,7 @@ class KernelEmitter:
         if self.checks:
             params += (k.Param(ERROR_PARAM, torch.int64, True),)
             args += (ERROR_PARAM,)
-        return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch, args,
-                        tuple(self.checks))
+        return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch, args, tuple(self.checks))
 
 
 def _positional_params(stages: tuple[k.Stage, ...], params: dict[str, k.Param]):
@@ -371,9 +372,15 @@ def _positional_params(stages: tuple[k.Stage, ...], params: dict[str, k.Param]):
         counts[out] += 1
     order.sort(key=lambda b: params[b].is_output)
     new_stages = tuple(
-        k.Stage(st.loop, tuple(replace(s, buf=rename[s.buf]) if isinstance(s, (k.Load, k.Store)) and s.buf in rename
-                               else s for s in st.body))
-        for st in stages)
+        k.Stage(
+            st.loop,
+            tuple(
+                replace(s, buf=rename[s.buf]) if isinstance(s, (k.Load, k.Store)) and s.buf in rename else s
+                for s in st.body
+            ),
+        )
+        for st in stages
+    )
     new_params = tuple(k.Param(rename[b], params[b].dtype, params[b].is_output) for b in order)
     return new_stages, new_params, tuple(order)
 
@@ -384,11 +391,19 @@ def _drop_unread_scratch(stages: tuple[k.Stage, ...], scratch: tuple[k.Scratch, 
     unread = {sc.name for sc in scratch} - read
     if not unread:
         return stages, scratch
-    stages = tuple(k.Stage(st.loop, tuple(s for s in st.body if not (isinstance(s, k.Store) and s.buf in unread)))
-                   for st in stages)
+    stages = tuple(
+        k.Stage(st.loop, tuple(s for s in st.body if not (isinstance(s, k.Store) and s.buf in unread)))
+        for st in stages
+    )
     return stages, tuple(sc for sc in scratch if sc.name not in unread)
 
 
-def emit_kernel(name: str, plan: KernelPlan, buffer_names: dict[Node, str], layouts,
-                row_scratch_limit: int = 0, keep_loaded_rows: bool = False) -> k.Kernel:
+def emit_kernel(
+    name: str,
+    plan: KernelPlan,
+    buffer_names: dict[Node, str],
+    layouts,
+    row_scratch_limit: int = 0,
+    keep_loaded_rows: bool = False,
+) -> k.Kernel:
     return KernelEmitter(name, plan, buffer_names, layouts, row_scratch_limit, keep_loaded_rows).build()

@@ -92,7 +92,9 @@ def buffer_names_for(graph: Graph, stored) -> dict[Node, str]:
     return names
 
 
-def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], backend: Backend) -> tuple[Callable, CompileReport]:
+def compile_graph(
+    gm: fx.GraphModule, example_inputs: list[Any], backend: Backend
+) -> tuple[Callable, CompileReport]:
     report = CompileReport(backend=backend.name)
     with _Timer(report, "attention") as t:
         t.summary = f"{rewrite_attention(gm)} written-out attentions fused"
@@ -137,8 +139,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any], backend: Backen
     return host.load(), report
 
 
-def _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend: Backend
-                        ) -> tuple[Schedule, dict[int, Kernel]]:
+def _fuse_and_kernelize(
+    graph, stored, aliases, decisions, layouts, backend: Backend
+) -> tuple[Schedule, dict[int, Kernel]]:
     while True:
         sched = schedule(graph, dict(stored), aliases, list(decisions))
         names = buffer_names_for(graph, sched.stored)
@@ -146,8 +149,9 @@ def _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend: Bac
         try:
             for step in sched.steps:
                 if isinstance(step, KernelPlan):
-                    kernels[id(step)] = emit_kernel("kernel", step, names, layouts,
-                                                    backend.row_scratch_limit, backend.keep_loaded_rows)
+                    kernels[id(step)] = emit_kernel(
+                        "kernel", step, names, layouts, backend.row_scratch_limit, backend.keep_loaded_rows
+                    )
             return sched, _name_by_content(kernels)
         except FusionMismatch as e:
             if e.node in sched.stored:  # storing it again would change nothing
@@ -166,4 +170,3 @@ def _name_by_content(kernels: dict[int, Kernel]) -> dict[int, Kernel]:
         name = names.setdefault(text, f"kernel{len(names)}")
         out[key] = dataclasses.replace(kern, name=name)
     return out
-

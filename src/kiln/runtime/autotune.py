@@ -30,7 +30,11 @@ _SHARED_LAUNCHERS: dict[tuple, object] = {}
 def _shared_launcher(n_pointers: int, metadata) -> tuple[object, int] | None:
     """The launcher for kernels of up to n_pointers pointers (rounded up) and its width, or
     None when the kernel needs what only its own launcher passes (scratch memory)."""
-    if metadata.global_scratch_size or metadata.profile_scratch_size or getattr(metadata, "tensordesc_meta", None):
+    if (
+        metadata.global_scratch_size
+        or metadata.profile_scratch_size
+        or getattr(metadata, "tensordesc_meta", None)
+    ):
         return None
     width = max(8, 1 << (n_pointers - 1).bit_length())
     key = (width, metadata.num_ctas, metadata.launch_cooperative_grid, metadata.launch_pdl)
@@ -50,11 +54,16 @@ def _load_function(compiled):
     device = driver.active.get_current_device()
     meta = compiled.metadata
     if meta.shared > driver.active.utils.get_device_properties(device)["max_shared_mem"]:
-        raise RuntimeError(f"kiln: {compiled.name} needs {meta.shared} bytes of shared memory, more than the GPU has")
-    _, function, _, _, max_threads = driver.active.utils.load_binary(compiled.name, compiled.kernel, meta.shared,
-                                                                     device)
+        raise RuntimeError(
+            f"kiln: {compiled.name} needs {meta.shared} bytes of shared memory, more than the GPU has"
+        )
+    _, function, _, _, max_threads = driver.active.utils.load_binary(
+        compiled.name, compiled.kernel, meta.shared, device
+    )
     if meta.num_warps * 32 > max_threads:
-        raise RuntimeError(f"kiln: {compiled.name} needs {meta.num_warps * 32} threads, more than it can have")
+        raise RuntimeError(
+            f"kiln: {compiled.name} needs {meta.num_warps * 32} threads, more than it can have"
+        )
     return function
 
 
@@ -71,7 +80,20 @@ def _direct_launch(compiled, grid: tuple[int, int, int], config: Config, n_point
         xblock, rblock, _ = config
 
         def launch(*args):
-            run(g0, g1, g2, current_stream(device), function, metadata, None, None, None, *args, xblock, rblock)
+            run(
+                g0,
+                g1,
+                g2,
+                current_stream(device),
+                function,
+                metadata,
+                None,
+                None,
+                None,
+                *args,
+                xblock,
+                rblock,
+            )
 
         return launch
     launcher, width = shared
@@ -80,8 +102,23 @@ def _direct_launch(compiled, grid: tuple[int, int, int], config: Config, n_point
     padding = (None,) * (width - n_pointers)
 
     def launch(*args):
-        c_launch(g0, g1, g2, current_stream(device), function, cooperative, pdl, None, None, metadata, None, None, None,
-                 *args, *padding)
+        c_launch(
+            g0,
+            g1,
+            g2,
+            current_stream(device),
+            function,
+            cooperative,
+            pdl,
+            None,
+            None,
+            metadata,
+            None,
+            None,
+            None,
+            *args,
+            *padding,
+        )
 
     return launch
 
@@ -91,8 +128,16 @@ class TunedLauncher:
     and falls back to Triton's JIT when one is not; the host program calls `aligned` directly
     where every tensor is a buffer it allocated."""
 
-    def __init__(self, name: str, grid: Callable[[Config], tuple[int, int, int]], jit_fn,
-                 variants: dict[Config, object], record: Path, n_pointers: int, assumes_aligned: bool = True):
+    def __init__(
+        self,
+        name: str,
+        grid: Callable[[Config], tuple[int, int, int]],
+        jit_fn,
+        variants: dict[Config, object],
+        record: Path,
+        n_pointers: int,
+        assumes_aligned: bool = True,
+    ):
         self.__name__ = name
         self.assumes_aligned = assumes_aligned
         self.n_pointers = n_pointers
@@ -130,7 +175,9 @@ class TunedLauncher:
             end.synchronize()
             timings[config] = start.elapsed_time(end)
         best = min(timings, key=timings.get)
-        atomic_write(self.record, json.dumps({"config": list(best), "ms": {str(c): t / 5 for c, t in timings.items()}}))
+        atomic_write(
+            self.record, json.dumps({"config": list(best), "ms": {str(c): t / 5 for c, t in timings.items()}})
+        )
         self.choice, self.aligned = best, launches[best]  # the timed launch: its binary is loaded
 
     def _tune_and_launch(self, *tensors) -> None:

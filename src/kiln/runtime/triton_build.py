@@ -34,7 +34,11 @@ def _versions() -> str:
         import torch
 
         if torch.cuda.is_available() and not interpreted():
-            parts += [torch.version.cuda or "", torch.cuda.get_device_name(), str(torch.cuda.get_device_capability())]
+            parts += [
+                torch.version.cuda or "",
+                torch.cuda.get_device_name(),
+                str(torch.cuda.get_device_capability()),
+            ]
     except Exception:  # noqa: BLE001, S110 - versions only refine the key
         pass
     return " ".join(parts)
@@ -68,17 +72,25 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
     several candidates the first launch picks the fastest."""
     loaded = [_load(kernel, source) for kernel, source in jobs]
     if interpreted() or not jobs:
-        return [TritonBuild(_interpreted_launcher(kernel, fn), cached)
-                for (kernel, _), (fn, _, cached) in zip(jobs, loaded)]
+        return [
+            TritonBuild(_interpreted_launcher(kernel, fn), cached)
+            for (kernel, _), (fn, _, cached) in zip(jobs, loaded)
+        ]
     from kiln.codegen.triton import assumes_aligned_tensors, grid
 
     kernels = [(kernel, path) for (kernel, _), (_, path, _) in zip(jobs, loaded)]
     all_variants = compile_variants(kernels, _current_target(), autotune)
     builds = []
     for (kernel, path), (jit_fn, _, cached), variants in zip(kernels, loaded, all_variants):
-        launcher = TunedLauncher(kernel.name, functools.partial(grid, kernel), jit_fn, variants,
-                                 path.with_suffix(".tune.json"), len(kernel.params),
-                                 assumes_aligned_tensors(kernel))
+        launcher = TunedLauncher(
+            kernel.name,
+            functools.partial(grid, kernel),
+            jit_fn,
+            variants,
+            path.with_suffix(".tune.json"),
+            len(kernel.params),
+            assumes_aligned_tensors(kernel),
+        )
         builds.append(TritonBuild(launcher, cached))
     return builds
 
@@ -88,8 +100,14 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
     warp_size): the heuristic's launch configuration, or with autotune every candidate."""
     from kiln.codegen.triton import candidate_configs, launch_config
 
-    configs = [candidate_configs(kernel) if autotune else [launch_config(kernel, False)] for kernel, _ in kernels]
-    jobs = [compile_args(kernel, path, config, target) for (kernel, path), cs in zip(kernels, configs) for config in cs]
+    configs = [
+        candidate_configs(kernel) if autotune else [launch_config(kernel, False)] for kernel, _ in kernels
+    ]
+    jobs = [
+        compile_args(kernel, path, config, target)
+        for (kernel, path), cs in zip(kernels, configs)
+        for config in cs
+    ]
     compiled = iter(_compile_at_register_budgets(jobs))
     return [{config: next(compiled) for config in cs} for cs in configs]
 
@@ -140,12 +158,12 @@ def _resources(compiled) -> tuple[int, int] | None:
     cubin = compiled.asm["cubin"]
     values = {}
     try:  # ELF64: section headers from e_shoff (0x28); their size, count and names' index at 0x3A
-        shoff, = struct.unpack_from("<Q", cubin, 0x28)
+        (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
         shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
         sections = [struct.unpack_from("<I20xQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
         names = sections[shstrndx][1]
         for name, offset, size in sections:
-            if cubin[names + name:cubin.index(b"\0", names + name)] != b".nv.info":
+            if cubin[names + name : cubin.index(b"\0", names + name)] != b".nv.info":
                 continue
             at = offset
             while at < offset + size:
@@ -170,8 +188,10 @@ def _compile_at_register_budgets(jobs: list[compile_pool.CompileArgs]) -> list:
         if used and (caps := register_caps(used[0], job.options["num_warps"])):
             pending.append((i, caps, used[1]))
     while pending:
-        tries = [dataclasses.replace(jobs[i], options={**jobs[i].options, "maxnreg": caps[0]})
-                 for i, caps, _ in pending]
+        tries = [
+            dataclasses.replace(jobs[i], options={**jobs[i].options, "maxnreg": caps[0]})
+            for i, caps, _ in pending
+        ]
         spilled = []
         for (i, caps, stack), binary in zip(pending, compile_pool.compile_all(tries)):
             used = _resources(binary)
@@ -191,8 +211,16 @@ def _current_target() -> tuple:
 
 
 _POINTER_TYPE = {
-    "float32": "*fp32", "float64": "*fp64", "bfloat16": "*bf16", "float16": "*fp16", "int64": "*i64",
-    "int32": "*i32", "int16": "*i16", "int8": "*i8", "uint8": "*u8", "bool": "*u1",
+    "float32": "*fp32",
+    "float64": "*fp64",
+    "bfloat16": "*bf16",
+    "float16": "*fp16",
+    "int64": "*i64",
+    "int32": "*i32",
+    "int16": "*i16",
+    "int8": "*i8",
+    "uint8": "*u8",
+    "bool": "*u1",
 }
 
 
@@ -212,8 +240,12 @@ def _options(num_warps: int) -> dict:
     the math helpers that want fma ask for it (tl.fma)."""
     from triton import knobs
 
-    return {"num_warps": num_warps, "debug": bool(knobs.runtime.debug), "enable_fp_fusion": False,
-            "instrumentation_mode": knobs.compilation.instrumentation_mode}
+    return {
+        "num_warps": num_warps,
+        "debug": bool(knobs.runtime.debug),
+        "enable_fp_fusion": False,
+        "instrumentation_mode": knobs.compilation.instrumentation_mode,
+    }
 
 
 def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple) -> compile_pool.CompileArgs:
@@ -228,8 +260,9 @@ def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple) -> c
     aligned = assumes_aligned_tensors(kernel)
     attrs = {(i,): _aligned_attr(target) for i in range(len(kernel.params))} if aligned else {}
     constants = {"XBLOCK": xblock, "RBLOCK": rblock, "ALIGNED": aligned}
-    return compile_pool.CompileArgs(str(path), kernel.name, signature, constants, attrs, tuple(target),
-                                    _options(warps))
+    return compile_pool.CompileArgs(
+        str(path), kernel.name, signature, constants, attrs, tuple(target), _options(warps)
+    )
 
 
 def compile_for_target(kernel: Kernel, source: str, arch: int = 90, warp_size: int = 32):
@@ -237,5 +270,6 @@ def compile_for_target(kernel: Kernel, source: str, arch: int = 90, warp_size: i
     from kiln.codegen.triton import launch_config
 
     _, path, _ = _load(kernel, source)
-    return _compile_at_register_budgets([compile_args(kernel, path, launch_config(kernel, False),
-                                                    ("cuda", arch, warp_size))])[0]
+    return _compile_at_register_budgets(
+        [compile_args(kernel, path, launch_config(kernel, False), ("cuda", arch, warp_size))]
+    )[0]

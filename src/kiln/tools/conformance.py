@@ -103,11 +103,22 @@ class _Worker:
         self._start()
 
     def _start(self) -> None:
-        cmd = [sys.executable, "-m", "kiln.tools.conformance", "--worker", "--samples", str(self.args.samples),
-               "--mode", self.args.mode, "--timeout", str(self.args.timeout)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kiln.tools.conformance",
+            "--worker",
+            "--samples",
+            str(self.args.samples),
+            "--mode",
+            self.args.mode,
+            "--timeout",
+            str(self.args.timeout),
+        ]
         with open(self.args.out + ".log", "a") as log:  # Dynamo's and kiln's own messages
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                         text=True, bufsize=1)
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1
+            )
         self.proc.stdin.write("".join(f"{n}\t{d}\n" for n, d in self.jobs))
         self.proc.stdin.close()
 
@@ -124,9 +135,16 @@ class _Worker:
         self.proc.wait()
         if self.current is not None:  # it died inside this job
             op, dtype = self.current
-            self._record({"op": op, "dtype": dtype, "class": "crash", "samples": 0,
-                          "detail": f"worker process died (exit code {self.proc.returncode})",
-                          "fallbacks": {}})
+            self._record(
+                {
+                    "op": op,
+                    "dtype": dtype,
+                    "class": "crash",
+                    "samples": 0,
+                    "detail": f"worker process died (exit code {self.proc.returncode})",
+                    "fallbacks": {},
+                }
+            )
             self._start()
             return True
         return False

@@ -35,12 +35,35 @@ MODES = ("per-op", "per-sample")
 
 # Ops whose results are random or uninitialized memory: compared on shape and dtype only.
 UNDEFINED_VALUES = {
-    "bernoulli", "cauchy", "empty", "empty_like", "empty_permuted", "empty_strided", "exponential",
-    "geometric", "log_normal", "multinomial", "new_empty", "new_empty_strided", "normal",
-    "normal.number_mean", "nn.functional.alpha_dropout", "nn.functional.dropout", "nn.functional.dropout2d",
-    "nn.functional.dropout3d", "nn.functional.feature_alpha_dropout", "nn.functional.feature_alpha_dropout.with_train",
-    "nn.functional.feature_alpha_dropout.without_train", "nn.functional.rrelu", "rand_like", "randint", "randint_like",
-    "randn", "randn_like", "uniform", "randint.default",
+    "bernoulli",
+    "cauchy",
+    "empty",
+    "empty_like",
+    "empty_permuted",
+    "empty_strided",
+    "exponential",
+    "geometric",
+    "log_normal",
+    "multinomial",
+    "new_empty",
+    "new_empty_strided",
+    "normal",
+    "normal.number_mean",
+    "nn.functional.alpha_dropout",
+    "nn.functional.dropout",
+    "nn.functional.dropout2d",
+    "nn.functional.dropout3d",
+    "nn.functional.feature_alpha_dropout",
+    "nn.functional.feature_alpha_dropout.with_train",
+    "nn.functional.feature_alpha_dropout.without_train",
+    "nn.functional.rrelu",
+    "rand_like",
+    "randint",
+    "randint_like",
+    "randn",
+    "randn_like",
+    "uniform",
+    "randint.default",
 }
 # Worst first: an op's class is the worst over its samples.
 RANK = {c: k for k, c in enumerate(("crash", "mismatch", "not captured", "fallback pass", "native pass"))}
@@ -151,7 +174,11 @@ def _describe(sample) -> str:
             return f"{str(v.dtype).removeprefix('torch.')}{list(v.shape)}"
         return repr(v) if not isinstance(v, (list, tuple)) else [one(x) for x in v]
 
-    parts = [one(sample.input)] + [one(a) for a in sample.args] + [f"{k}={one(v)}" for k, v in sample.kwargs.items()]
+    parts = (
+        [one(sample.input)]
+        + [one(a) for a in sample.args]
+        + [f"{k}={one(v)}" for k, v in sample.kwargs.items()]
+    )
     return ", ".join(str(p) for p in parts)[:160]
 
 
@@ -237,12 +264,18 @@ class _Runner:
                 return Outcome("not captured", f"Dynamo fails: {_short(e)}")
             return Outcome("crash", _short(e))
         records = list(errors.FALLBACKS)
-        fallbacks = {r.op or "(whole graph)": r.reason for r in records if r.kind in ("by design", "unsupported")}
+        fallbacks = {
+            r.op or "(whole graph)": r.reason for r in records if r.kind in ("by design", "unsupported")
+        }
         problem = self._kiln_problem(records)
         if problem:
             return Outcome(problem[0], problem[1], fallbacks)
-        mismatch = compare((actual, actual_call.args, actual_call.kwargs), (expected, eager.args, eager.kwargs),
-                           dtype, values_undefined)
+        mismatch = compare(
+            (actual, actual_call.args, actual_call.kwargs),
+            (expected, eager.args, eager.kwargs),
+            dtype,
+            values_undefined,
+        )
         if mismatch:
             return Outcome("mismatch", mismatch, fallbacks)
         fallbacks_and_strides = {"fallbacks": fallbacks, "strides": stride_difference(actual, expected)}

@@ -75,10 +75,13 @@ def main() -> int:
         ok = torch.allclose(actual, expected, rtol=1e-4, atol=1e-4)
         eager_ms, kiln_ms = _median_ms(model, x), _median_ms(compiled, x)
     report = REPORTS[-1]
-    print("kiln demo: pre-norm transformer block (RMSNorm, causal attention, SwiGLU), x = [8, 128, 256] float32\n")
+    print("kiln demo: pre-norm transformer block (RMSNorm, causal attention, SwiGLU), "
+          "x = [8, 128, 256] float32\n")
     print(report_text(report))
     print(f"\nmatches eager: {'yes' if ok else 'NO'} (max abs error {err:.2e})")
-    print(f"first call (compile + run): {compile_s:.2f} s; "
-          f"kernels compiled {report.num_kernels - report.cache_hits}, from cache {report.cache_hits}")
+    print(
+        f"first call (compile + run): {compile_s:.2f} s; "
+        f"kernels compiled {report.num_kernels - report.cache_hits}, from cache {report.cache_hits}"
+    )
     print(f"eager {eager_ms:.2f} ms, kiln {kiln_ms:.2f} ms: {eager_ms / kiln_ms:.2f}x")
     return 0 if ok else 1

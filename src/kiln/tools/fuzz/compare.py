@@ -11,8 +11,8 @@ rounding at the store; longer chains pass by the float64 rule). Absolute: the sa
 output's largest finite magnitude (a reduction's error scales with its terms, not its
 result), and at least one ulp of 1.0 of the dtype (inputs are of unit scale, so a tiny result
 is mostly a difference of terms near 1 and carries their rounding: log_softmax over a size-1
-dim, the gradient of x / sqrt(x^2 + eps)). Integers and bools compare exactly; NaN only where eager or the reference
-has NaN.
+dim, the gradient of x / sqrt(x^2 + eps)). Integers and bools compare exactly; NaN only where
+eager or the reference has NaN.
 """
 
 from __future__ import annotations

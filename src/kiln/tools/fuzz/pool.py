@@ -68,7 +68,9 @@ def run_job(job: dict) -> dict:
     if outcome.failed:
         result["source"] = reproducer(program, COMPILE_LINE[against])
         if job["shrink_seconds"] > 0:
-            same = lambda p: run_timed(p, against, job["timeout"]).cls == outcome.cls
+            def same(p):
+                return run_timed(p, against, job["timeout"]).cls == outcome.cls
+
             small = shrink(program, same, job["shrink_seconds"])
             result["shrunk"] = reproducer(small, COMPILE_LINE[against])
             result["shrunk_detail"] = run_timed(small, against, job["timeout"]).detail

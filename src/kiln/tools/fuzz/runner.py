@@ -61,7 +61,10 @@ def execute(fn: Callable, inputs: list, program: Program) -> Run:
             sel, wrt, cots = targets
             cots = [c.to(o.dtype) for c, o in zip(cots, sel)]
             grads = list(torch.autograd.grad(sel, wrt, cots, allow_unused=True))
-    detach = lambda ts: [t.detach() if isinstance(t, torch.Tensor) else t for t in ts]
+
+    def detach(ts):
+        return [t.detach() if isinstance(t, torch.Tensor) else t for t in ts]
+
     return Run(detach(outs), detach(inputs), None if grads is None else detach(grads))
 
 
