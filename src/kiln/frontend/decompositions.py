@@ -96,8 +96,11 @@ _SMOOTH_MODES = ("linear", "bilinear", "bicubic", "trilinear")
 
 
 def eager_only_reason(gm) -> str | None:
-    """Why a Dynamo graph must run in eager PyTorch to match it, or None."""
+    """Why a Dynamo graph must run in eager PyTorch to match it or to keep its speed, or None."""
     for n in gm.graph.nodes:
+        if _traced_scan(n):
+            return ("a traced associative_scan: its log-depth network of slices would become "
+                    "kernels that recompute and reread every level; scans run in ATen")
         name = getattr(n.target, "__name__", "")
         if n.op != "call_function" or name not in _INTERPOLATIONS or not n.args:
             continue
@@ -109,3 +112,10 @@ def eager_only_reason(gm) -> str | None:
         if isinstance(x, torch.Tensor) and not x.is_floating_point():
             return f"{name} of an integer tensor: no decomposition rounds like eager's kernel"
     return None
+
+
+def _traced_scan(n) -> bool:
+    """Dynamo traces associative_scan's Python implementation (slices interleaved level by
+    level) on the CPU; nothing of the scan stays in the graph but the user's call in the
+    nodes' stack traces (torch's own frames are left out of them)."""
+    return n.op == "call_function" and "associative_scan(" in (n.meta.get("stack_trace") or "")
