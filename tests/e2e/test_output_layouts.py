@@ -98,3 +98,20 @@ def test_aten_result_whose_meta_strides_repeat_elements():
 
     check_layouts(g, lambda: [torch.randn(1, 1, 1, 1).expand(1, 1, 3, 1)])
     check_layouts(g, lambda: [torch.randn(1, 1, 1, 2).expand(1, 1, 3, 2)])
+
+
+def test_aten_ops_on_a_permuted_intermediate_give_eager_strides():
+    """index_put, scatter_add and fmax run in ATen; fed a kernel's output, whose layout kiln
+    chose, they return other strides than eager's, which the program's result must not show."""
+    index = torch.randperm(16)[:7]
+
+    def f(x0, x3):
+        v = (x0 * 2).index_put((index,), x3)
+        w = torch.fmax(x0 + 1, x0.flip(0))
+        return v, v.transpose(0, 2) + 1, w, w[::2]
+
+    def g(x, i):
+        return (x * 3).scatter_add(0, i, x.exp())
+
+    check_layouts(f, lambda: [torch.randn(2, 1, 16).permute(2, 1, 0), torch.randn(1, 1, 1)])
+    check_layouts(g, lambda: [torch.randn(3, 5).t(), torch.randint(0, 5, (5, 3))])
