@@ -272,6 +272,9 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                 copies[key] = f"copy{len(copies)}"
                 lines.append(f"    {copies[key]} = copy_memory({buffer_names[owner]})")
             names = {**buffer_names, owner: copies[key]}
+            if o is owner:  # restriding it below must not move the views of the copy
+                lines.append(f"    out{position} = {copies[key]}")
+                names[owner] = f"out{position}"
             rets.append(_in_eager_layout(o, want, schedule, names, layouts, lines))
         elif isinstance(o, Node) and fresh[position] and _shares_memory(o, schedule, returned):
             # eager returns new memory here; the value kiln has is an input, a view or
@@ -346,10 +349,15 @@ def _shares_memory(node: Node, schedule: Schedule, returned: set[Node]) -> bool:
 
 
 def _input_memory(node: Node, schedule: Schedule) -> Node | None:
-    """The input (or ATen view) whose memory node is in, if it may be an input's."""
+    """The input, or the ATen view of one, whose memory node is in; None if node is in memory
+    the program allocated."""
     base = schedule.aliases[node].base if node in schedule.aliases else node
-    if base.op is Op.INPUT or (base.op in (Op.EXTERN, Op.ITEM) and _extern_may_alias(base)):
+    if base.op is Op.INPUT:
         return base
+    if base.op in (Op.EXTERN, Op.ITEM) and _extern_may_alias(base):
+        sources = base.inputs if base.op is Op.EXTERN else base.inputs[0].inputs
+        if any(_input_memory(i, schedule) is not None for i in sources):
+            return base
     return None
 
 
