@@ -81,10 +81,24 @@ def _extern_call(node: Node, argnames: list[str], g: dict[str, Any]) -> str:
 
 def _restride(t: torch.Tensor, stride: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
     """An ATen result in the layout (and dtype: some ATen kernels return another dtype than
-    their meta function says) kernels were compiled for (copying only if it differs)."""
-    out = torch.empty_strided(t.shape, stride, dtype=dtype or t.dtype, device=t.device)
+    their meta function says) kernels were compiled for, in new memory. A layout that repeats
+    elements along stride-0 dims (a broadcast) is filled from one slice along them and expanded:
+    no copy can write one element twice."""
+    dtype = dtype or t.dtype
+    broadcast = [d for d, (n, st) in enumerate(zip(t.shape, stride)) if st == 0 and n > 1]
+    if broadcast:
+        one = t[tuple(slice(0, 1) if d in broadcast else slice(None) for d in range(t.dim()))]
+        return _restride(one, stride, dtype).expand(t.shape)
+    out = torch.empty_strided(t.shape, stride, dtype=dtype, device=t.device)
     out.copy_(t)
     return out
+
+
+def _copy_memory(t: torch.Tensor) -> torch.Tensor:
+    """A copy of the memory t spans, in t's layout (overlapping strides included), so that
+    views of t rebuilt on it from t's strides and offsets address the same values."""
+    flat = torch.as_strided(t, (_extent(t.shape, t.stride()),), (1,), t.storage_offset()).clone()
+    return torch.as_strided(flat, t.shape, t.stride(), 0)
 
 
 def _raise_reported(errors: torch.Tensor, checks: list[Check]) -> None:
@@ -126,7 +140,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                        layouts, device: torch.device, pass_pointers: bool = True) -> HostProgram:
     graph = schedule.graph
     g: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided, "device": device,
-                         "as_strided": torch.as_strided, "restride": _restride,
+                         "as_strided": torch.as_strided, "restride": _restride, "copy_memory": _copy_memory,
                          "same_strides": same_strides}
     lines = ["def call(args):"]
     names = [f"arg{i}" for i in range(graph.num_inputs)]
@@ -244,9 +258,25 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
     returned: set[Node] = set()
     fresh = graph.output_fresh or [False] * len(graph.outputs)
     eager_strides = graph.output_strides or [None] * len(graph.outputs)
+    storage = graph.output_storage or [None] * len(graph.outputs)
+    copies: dict[tuple[int, Node], str] = {}
     for position, o in enumerate(graph.outputs):
         want = eager_strides[position]
-        if isinstance(o, Node) and fresh[position] and _shares_memory(o, schedule, returned):
+        owner = _input_memory(o, schedule) if isinstance(o, Node) else None
+        if owner is not None and storage[position] is not None:
+            # eager's output is in memory the graph allocated; kiln's is in an input's (a cat
+            # with an empty part, a clone): return it from one copy per memory eager has, so
+            # that a later update of the input does not show and views of it stay views
+            key = (storage[position], owner)
+            if key not in copies:
+                copies[key] = f"copy{len(copies)}"
+                lines.append(f"    {copies[key]} = copy_memory({buffer_names[owner]})")
+            names = {**buffer_names, owner: copies[key]}
+            if o is owner:  # restriding it below must not move the views of the copy
+                lines.append(f"    out{position} = {copies[key]}")
+                names[owner] = f"out{position}"
+            rets.append(_in_eager_layout(o, want, schedule, names, layouts, lines))
+        elif isinstance(o, Node) and fresh[position] and _shares_memory(o, schedule, returned):
             # eager returns new memory here; the value kiln has is an input, a view or
             # another output, so copy it (in eager's layout)
             stride = want if want is not None and is_non_overlapping(o.shape, want) else layouts(o)
@@ -316,6 +346,19 @@ def _shares_memory(node: Node, schedule: Schedule, returned: set[Node]) -> bool:
     if node in returned or node in schedule.aliases:
         return True
     return node.op is Op.INPUT or (node.op in (Op.EXTERN, Op.ITEM) and _extern_may_alias(node))
+
+
+def _input_memory(node: Node, schedule: Schedule) -> Node | None:
+    """The input, or the ATen view of one, whose memory node is in; None if node is in memory
+    the program allocated."""
+    base = schedule.aliases[node].base if node in schedule.aliases else node
+    if base.op is Op.INPUT:
+        return base
+    if base.op in (Op.EXTERN, Op.ITEM) and _extern_may_alias(base):
+        sources = base.inputs if base.op is Op.EXTERN else base.inputs[0].inputs
+        if any(_input_memory(i, schedule) is not None for i in sources):
+            return base
+    return None
 
 
 def _may_be_unaligned(node: Node) -> bool:

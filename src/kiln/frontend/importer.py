@@ -118,6 +118,7 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
             graph.output_fresh = [
                 _returns_new_memory(a) and a not in fx_outs[:k] for k, a in enumerate(fx_outs)
             ]
+            graph.output_storage = _output_storage(fx_outs)
             return graph, fallbacks
         else:
             raise Unsupported(f"FX node kind {n.op} is not handled")
@@ -131,6 +132,22 @@ def _returns_new_memory(a) -> bool:
     if a.target is operator.getitem:
         return _returns_new_memory(a.args[0])
     return not getattr(a.target, "is_view", False)
+
+
+def _storage_owner(a):
+    """The FX node whose result owns the memory eager's value a lives in, through views."""
+    while isinstance(a, fx.Node) and a.op == "call_function":
+        view = a.args[0] if a.target is operator.getitem else a
+        if not isinstance(view, fx.Node) or not getattr(view.target, "is_view", False):
+            return a
+        a = view.args[0]
+    return a
+
+
+def _output_storage(fx_outs: list) -> list[int | None]:
+    """For each output, the first output in the same memory, if an op of the graph owns it."""
+    owners = [_storage_owner(a) for a in fx_outs]
+    return [owners.index(o) if isinstance(o, fx.Node) and o.op == "call_function" else None for o in owners]
 
 
 def _touches_complex(args, kwargs, val) -> bool:

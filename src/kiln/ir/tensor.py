@@ -150,6 +150,11 @@ class Graph:
     # False where eager's output is a view (it may share memory); True where eager returns
     # new memory, which the compiled program must too, even when kiln computed no copy
     output_fresh: list[bool] = field(default_factory=list)
+    # Where eager's output lives in memory an op of the graph allocated (not an input's): the
+    # position of the first output in that memory, shared by outputs that are views of it;
+    # None where it may be an input's. The compiled program must not hand out an input's
+    # memory there, even when kiln computed no copy (cat with an empty part, clone).
+    output_storage: list[int | None] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [node_str(n) for n in self.nodes]
@@ -216,9 +221,10 @@ class Builder:
         self.budget_start = len(self.nodes)
         self.node_limit = None if nodes is None else len(self.nodes) + nodes
 
-    def finish(self, outputs: list[Any], num_inputs: int, output_strides=None, output_fresh=None) -> Graph:
+    def finish(self, outputs: list[Any], num_inputs: int, output_strides=None, output_fresh=None,
+               output_storage=None) -> Graph:
         return Graph(list(self.nodes), list(outputs), num_inputs, list(output_strides or []),
-                     list(output_fresh or []))
+                     list(output_fresh or []), list(output_storage or []))
 
 
 def _attrs_key(attrs: Any) -> Any:

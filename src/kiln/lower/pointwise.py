@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kiln.ir.tensor import Node
@@ -202,11 +204,19 @@ def _convert_element_type(ctx: LowerCtx, x, dtype):
     return cast(ctx.b, x, dtype)
 
 
+# dtypes a non-finite float has no value in (eager's conversion is undefined there)
+_INTEGER_TARGETS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
 @lowering(aten.copy.default)
 def _copy(ctx: LowerCtx, dst, src, non_blocking=False):
-    """The functional copy: src's values, in dst's shape and dtype."""
+    """The functional copy: src's values (a tensor's or a Python number's), in dst's shape and dtype."""
     from kiln.lower.core import expand
 
+    if not isinstance(src, Node):
+        if isinstance(src, float) and not math.isfinite(src) and dst.dtype in _INTEGER_TARGETS:
+            raise Unsupported("copy of a non-finite number into an integer tensor")
+        return constant(ctx.b, src, dst.dtype, dst.shape)
     return cast(ctx.b, expand(ctx.b, src, dst.shape), dst.dtype)
 
 

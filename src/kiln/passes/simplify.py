@@ -261,7 +261,8 @@ def _rebuild(graph: Graph, rules: list[Rule]) -> tuple[Graph, dict[str, int]]:
                     break
         new[n] = node
     outputs = [new[o] if isinstance(o, Node) else o for o in graph.outputs]
-    return b.finish(outputs, graph.num_inputs, graph.output_strides, graph.output_fresh), fired
+    return b.finish(outputs, graph.num_inputs, graph.output_strides, graph.output_fresh,
+                    graph.output_storage), fired
 
 
 def _live(graph: Graph) -> set[Node]:

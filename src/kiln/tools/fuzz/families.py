@@ -396,8 +396,6 @@ def rearrange(ctx: Context) -> Draw | None:
         shape = list(t.shape)
         shape[d] = rng.choice((0, 1, 2, 3, shape[d]))
         b = _like(ctx, t, tuple(shape))
-        if ctx.excludes("cat-empty-alias") and 0 in (t.numel(), ctx.t(b).numel()):
-            return None
         return Draw(f"torch.cat([{{0}}, {{1}}], dim={d - r if rng.random() < 0.3 else d})", (a, b), True)
     if choice == 1:
         return Draw(
@@ -551,8 +549,6 @@ def inplace(ctx: Context) -> Draw | None:
     fmt, preserves = rng.choice(INPLACE)
     if "{1}" in fmt:
         scalars = not any(w in fmt for w in ("maximum", "masked"))
-        if "copy_" in fmt and ctx.excludes("copy-from-scalar"):
-            scalars = False
         b = operand(ctx, a, scalars=scalars)
         return Draw(fmt, (a, b), preserves, needs_exact="masked" in fmt, inplace=True)
     return Draw(fmt, (a,), preserves, inplace=True)

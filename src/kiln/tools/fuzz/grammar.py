@@ -26,27 +26,7 @@ KNOWN_BUGS: dict[str, str] = {
     "grad-strided-view-output": "a training graph returning a view with steps (gradients wrong or crash)",
     "constant-rows-centering": "x - mean over rows whose values are all equal (size-1 rows, expanded or "
     "filled values) is not 0: layer_norm, batch_norm, var, std amplify it",
-    "copy-from-scalar": "x.copy_(python_scalar): the lowering of aten.copy raises",
-    "cat-empty-alias": "torch.cat([x, empty]) aliases x: a later in-place update of x shows in the result",
-    "fallback-op-output-strides": "an op run in ATen (index_put, scatter_add, fmax...) on a non-contiguous "
-    "intermediate returns other strides than eager's",
 }
-
-# Ops kiln runs in ATen (the fallback-op-output-strides exclusion keeps their arguments dense).
-ATEN_FALLBACK_OPS = (
-    "index_put",
-    "index_add",
-    "index_copy",
-    "scatter",
-    "fmax",
-    "fmin",
-    "hypot",
-    "signbit",
-    "cumsum",
-    "vector_norm",
-    ".repeat(",
-    "batch_norm",
-)
 
 ZERO_SIZE_SHARE = 0.015
 
@@ -170,8 +150,6 @@ class Context:
         """Run the statement in eager; keep it if eager accepts it and the result is small."""
         if draw.needs_exact and not all(self._exact_arg(a) for a in draw.args):
             return False
-        if self._excluded_layout(draw):
-            return False
         target = "" if draw.inplace else f"v{len(self.stmts)}"
         stmt = Stmt(target, draw.fmt, draw.args)
         before = (
@@ -212,14 +190,6 @@ class Context:
             self.values.append(target)
             self.exact[target] = exact
         return True
-
-    def _excluded_layout(self, draw: Draw) -> bool:
-        if not self.excludes("fallback-op-output-strides") or not any(
-            op in draw.fmt for op in ATEN_FALLBACK_OPS
-        ):
-            return False
-        inputs = {s.name for s in self.inputs}
-        return any(a in self.env and a not in inputs and not self.env[a].is_contiguous() for a in draw.args)
 
     def _exact_arg(self, arg: str) -> bool:
         return self.exact.get(arg, True)
