@@ -34,3 +34,48 @@ def test_rows_of_equal_values_centre_to_exactly_zero(name, width):
     assert torch.equal(expected, torch.zeros_like(expected))
     assert torch.equal(out, expected), (out - expected).abs().max()
 
+
+
+def _random_signs(n: int) -> torch.Tensor:
+    return torch.where(torch.rand(n) < 0.5, -1.0, 1.0)
+
+
+def _zeros_of_both_signs(n: int) -> torch.Tensor:
+    return torch.zeros(n) * _random_signs(n)
+
+
+# name -> (function, input makers); every output holds zeros whose sign eager fixes.
+# Not torch.maximum/minimum: on ties eager returns the first operand in its scalar loop and the
+# second in its vector loop (relu and clamp keep x in both).
+SIGNED_ZEROS = {
+    "round": (torch.round, [lambda n: (torch.rand(n) * 0.49 + 0.01) * _random_signs(n)]),
+    "round_half": (torch.round, [lambda n: 0.5 * _random_signs(n)]),
+    "trunc": (torch.trunc, [lambda n: (torch.rand(n) * 0.99 + 0.01) * _random_signs(n)]),
+    "ceil": (torch.ceil, [lambda n: -(torch.rand(n) * 0.99 + 0.01)]),
+    "remainder_self": (lambda x: torch.remainder(x, x), [lambda n: (torch.rand(n) + 0.5) * _random_signs(n)]),
+    "remainder": (torch.remainder, [lambda n: torch.randint(1, 4, (n,)) * 2.0 * _random_signs(n),
+                                    lambda n: 2.0 * _random_signs(n)]),
+    "fmod": (torch.fmod, [lambda n: torch.randint(1, 4, (n,)) * 2.0 * _random_signs(n),
+                          lambda n: 2.0 * _random_signs(n)]),
+    "floor_divide": (torch.floor_divide, [_zeros_of_both_signs, lambda n: (torch.rand(n) + 0.5) * _random_signs(n)]),
+    "neg": (torch.neg, [_zeros_of_both_signs]),
+    "copysign_int": (lambda x: torch.copysign(x, -0.0), [lambda n: torch.randint(-9, 9, (n,), dtype=torch.int32)]),
+    "copysign": (lambda x: torch.copysign(x, -0.0), [lambda n: torch.randn(n)]),
+    "mul_negative_zero": (lambda x: x * -0.0, [lambda n: torch.randn(n)]),
+    "where_negative_zero": (lambda x: torch.where(x > 0, x, -0.0), [lambda n: torch.randn(n)]),
+    "masked_fill": (lambda x: x.masked_fill(x < 0, -0.0), [lambda n: torch.randn(n)]),
+    "relu": (torch.relu, [_zeros_of_both_signs]),
+    "clamp_ties": (lambda x: torch.clamp(x, min=-0.0, max=0.0), [_zeros_of_both_signs]),
+}
+
+
+@pytest.mark.parametrize("n", [5, 67])
+@pytest.mark.parametrize("name", sorted(SIGNED_ZEROS))
+def test_zeros_keep_eager_sign(name, n):
+    fn, makers = SIGNED_ZEROS[name]
+    args = [make(n) for make in makers]
+    out, report = run_compiled(fn, *args)
+    assert report is not None
+    expected = fn(*args)
+    assert torch.equal(out, expected), (out, expected)
+    assert torch.equal(torch.signbit(out), torch.signbit(expected)), (out, expected)
