@@ -79,3 +79,21 @@ def test_zeros_keep_eager_sign(name, n):
     expected = fn(*args)
     assert torch.equal(out, expected), (out, expected)
     assert torch.equal(torch.signbit(out), torch.signbit(expected)), (out, expected)
+
+
+def test_a_training_graph_keeps_distinct_signed_zero_fills():
+    """masked_fill(-0.0) and masked_fill(0.0) decompose to scalar_tensor(-0.0) and (0.0): the
+    training split must not merge them into one constant."""
+    def f(x, first, second):
+        return x.masked_fill(first, -0.0).masked_fill(second, 0.0) * 2.0
+
+    x = torch.randn(6, requires_grad=True)
+    first, second = torch.rand(6) < 0.5, torch.rand(6) < 0.5
+    first[:2], second[:2] = True, torch.tensor([True, False])
+    out, report = run_compiled(f, x, first, second)
+    assert report is not None
+    expected = f(x, first, second)
+    assert torch.equal(torch.signbit(out), torch.signbit(expected)), (out, expected)
+    assert torch.equal(out, expected)
+    grad = torch.randn(6)
+    assert torch.equal(torch.autograd.grad(out, x, grad)[0], torch.autograd.grad(expected, x, grad)[0])
