@@ -24,8 +24,6 @@ from kiln.tools.fuzz.program import DTYPES, FLOAT_DTYPES, InputSpec, Program, St
 # (docs/conformance.md lists them). `--no-exclusions` generates them again.
 KNOWN_BUGS: dict[str, str] = {
     "grad-strided-view-output": "a training graph returning a view with steps (gradients wrong or crash)",
-    "constant-rows-centering": "x - mean over rows whose values are all equal (size-1 rows, expanded or "
-    "filled values) is not 0: layer_norm, batch_norm, var, std amplify it",
     "copy-from-scalar": "x.copy_(python_scalar): the lowering of aten.copy raises",
     "cat-empty-alias": "torch.cat([x, empty]) aliases x: a later in-place update of x shows in the result",
     "fallback-op-output-strides": "an op run in ATen (index_put, scatter_add, fmax...) on a non-contiguous "
