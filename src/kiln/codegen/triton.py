@@ -8,6 +8,7 @@ Low-precision floats are computed in float32, as eager does.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -80,6 +81,8 @@ def literal(value, dtype: torch.dtype) -> str:
         v = "1" if value else "0"
     elif t.is_floating_point:
         v = float(value)
+        if v == 0 and math.copysign(1.0, v) < 0:  # tl.full makes any zero +0.0; 0.0 * -1.0 is -0.0
+            return f"(tl.full([1], 0.0, {tl_type(t)}) * -1.0)"
         v = f'float("{v}")' if v != v or v in (float("inf"), float("-inf")) else repr(v)
     else:  # wrapped into the dtype's range, as eager wraps it (uint8 -7 is 249)
         info = torch.iinfo(t)
@@ -156,8 +159,8 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         return f"km.trunc({a[0]})" if fp else a[0]
     if fn in ("floor", "ceil"):
         return a[0]
-    if fn == "neg":
-        return f"(-{a[0]})"
+    if fn == "neg":  # Triton's unary minus is 0 - x, which makes -(+0.0) +0.0
+        return f"({a[0]} * -1.0)" if fp else f"(-{a[0]})"
     if fn == "rsqrt":
         return div("1.0", f"{sqrt}({a[0]})")
     if fn == "reciprocal":
@@ -184,8 +187,10 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
     if fn in ("maximum", "minimum"):
         if t is torch.bool:
             return f"({a[0]} {'|' if fn == 'maximum' else '&'} {a[1]})"
-        nan = ", propagate_nan=tl.PropagateNan.ALL" if fp else ""
-        return f"tl.{fn}({a[0]}, {a[1]}{nan})"
+        if fp:  # eager: NaN if either is NaN, else the first operand on ties (-0.0 vs 0.0)
+            beats = ">" if fn == "maximum" else "<"
+            return f"tl.where(({a[1]} {beats} {a[0]}) | ({a[1]} != {a[1]}), {a[1]}, {a[0]})"
+        return f"tl.{fn}({a[0]}, {a[1]})"
     if fn == "where":
         return f"tl.where({a[0]}, {a[1]}, {a[2]})"
     if fn == "floordiv":

@@ -265,12 +265,13 @@ else:
         r = tl.floor(x + 0.5)
         tie = (r - x) == 0.5
         odd = (r - 2.0 * tl.floor(r * 0.5)) == 1.0
-        return tl.where(tie & odd, r - 1.0, r)
+        r = tl.where(tie & odd, r - 1.0, r)
+        return tl.where(r == 0, x * 0.0, r)  # a zero keeps x's sign: round(-0.3) is -0.0
 
     @triton.jit
     def copysign(x, y):
         neg = (y < 0) | ((y == 0) & ((1.0 / y) < 0))
-        return tl.where(neg, -tl.abs(x), tl.abs(x))
+        return tl.where(neg, tl.abs(x) * -1.0, tl.abs(x))  # unary minus is 0 - x: -(+0.0) is +0.0
 
 
 # Integer division as eager computes it. Divisors 0 and -1 never reach a division: by 0 it is
@@ -365,7 +366,7 @@ def remainder_int(a, b):
 @triton.jit
 def remainder_fp(a, b):
     r = a % b
-    return r + tl.where((r != 0) & ((r < 0) != (b < 0)), b, 0.0)
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)  # r + 0.0 would make -0.0 +0.0
 
 
 @triton.jit

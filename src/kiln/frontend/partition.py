@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
+from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 
@@ -36,8 +38,9 @@ def _size(nbytes: int) -> str:
 
 def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, summary: PartitionSummary,
               **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
-    fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
-                                                 **kwargs)
+    with functorch_config.patch(cse=not _cse_would_merge_signed_zeros(joint)):
+        fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
+                                                     **kwargs)
     outputs = fw.graph.find_nodes(op="output")[0].args[0]
     for node in outputs[num_fwd_outputs:]:
         val = node.meta.get("val") if isinstance(node, fx.Node) else None
@@ -47,6 +50,18 @@ def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int,
     forward = _forward_values(joint)
     summary.recomputed = [n.name for n in bw.graph.nodes if n.op == "call_function" and n.name in forward]
     return fw, bw
+
+
+def _cse_would_merge_signed_zeros(joint: fx.GraphModule) -> bool:
+    """The partitioner's CSE compares node arguments with ==, so scalar_tensor(-0.0) and
+    scalar_tensor(0.0) become one node and a zero's sign changes. Graphs holding both are
+    partitioned without that CSE (kiln's own CSE, which keeps the sign, runs later)."""
+    zeros = set()
+    for n in joint.graph.nodes:
+        for leaf in pytree.tree_leaves((n.args, n.kwargs)):
+            if type(leaf) in (bool, int, float) and leaf == 0:
+                zeros.add(repr(leaf))
+    return "-0.0" in zeros and len(zeros) > 1
 
 
 def _forward_values(joint: fx.GraphModule) -> set[str]:

@@ -7,7 +7,7 @@ import math
 import torch
 
 from kiln.lower.context import LowerCtx
-from kiln.lower.core import Unsupported, cast, pointwise, reduce
+from kiln.lower.core import Unsupported, cast, pointwise, reduce, slice_
 from kiln.lower.registry import lowering
 
 aten = torch.ops.aten
@@ -87,6 +87,23 @@ def _all(ctx: LowerCtx, x, dim=None, keepdim=False):
     return reduce(ctx.b, "all", x, _dims(x, dim), keepdim, torch.bool)
 
 
+def _shifted_mean(ctx: LowerCtx, xf, dims, n: int, acc: torch.dtype):
+    """mean = ref + sum(x - ref) / n, ref being the row's first value (keepdim shape).
+
+    A row of equal values then has exactly ref as its mean and exactly 0 as its deviations,
+    whatever the summation order (eager's layer_norm/group_norm give 0 there; rsqrt(var + eps)
+    would amplify a one-ulp error of sum / n)."""
+    ndim = len(xf.shape)
+    reduced = list(range(ndim)) if dims is None or len(dims) == 0 else [d % ndim for d in dims]
+    if n == 0 or ndim == 0:
+        return pointwise(ctx.b, "div", reduce(ctx.b, "sum", xf, dims, True, acc), float(n))
+    ref = xf
+    for d in reduced:
+        ref = slice_(ctx.b, ref, d, 0, 1)
+    shifted = reduce(ctx.b, "sum", pointwise(ctx.b, "sub", xf, ref), dims, True, acc)
+    return pointwise(ctx.b, "add", ref, pointwise(ctx.b, "div", shifted, float(n)))
+
+
 def _var(ctx: LowerCtx, x, dim, correction, keepdim):
     """Two passes over the row (mean, then squared deviations): exact like eager's."""
     if not x.dtype.is_floating_point:
@@ -95,7 +112,7 @@ def _var(ctx: LowerCtx, x, dim, correction, keepdim):
     acc = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
     xf = cast(ctx.b, x, acc)
     n = _count(x, dims)
-    mean = pointwise(ctx.b, "div", reduce(ctx.b, "sum", xf, dims, True, acc), float(n))
+    mean = _shifted_mean(ctx, xf, dims, n, acc)
     dev = pointwise(ctx.b, "sub", xf, mean)
     sq = reduce(ctx.b, "sum", pointwise(ctx.b, "mul", dev, dev), dims, keepdim, acc)
     correction = 1 if correction is None else correction

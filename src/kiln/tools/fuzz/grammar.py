@@ -22,11 +22,7 @@ from kiln.tools.fuzz.program import DTYPES, FLOAT_DTYPES, InputSpec, Program, St
 
 # Known kiln bugs, each named, that the CI budget does not generate until it is fixed
 # (docs/conformance.md lists them). `--no-exclusions` generates them again.
-KNOWN_BUGS: dict[str, str] = {
-    "grad-strided-view-output": "a training graph returning a view with steps (gradients wrong or crash)",
-    "constant-rows-centering": "x - mean over rows whose values are all equal (size-1 rows, expanded or "
-    "filled values) is not 0: layer_norm, batch_norm, var, std amplify it",
-}
+KNOWN_BUGS: dict[str, str] = {}
 
 ZERO_SIZE_SHARE = 0.015
 
@@ -288,13 +284,7 @@ def _outputs(ctx: Context) -> list[str]:
     first = last.target or last.args[0]
     others = [n for n in ctx.values if n.startswith("v") and n != first]
     chosen = [first] + ctx.rng.sample(others, min(len(others), ctx.rng.choice((0, 0, 1, 2))))
-    if ctx.grad and ctx.excludes("grad-strided-view-output"):
-        chosen = [n for n in chosen if not _strided_view(ctx.t(n))]
     return chosen
-
-
-def _strided_view(t: torch.Tensor) -> bool:
-    return t._is_view() and not t.is_contiguous()
 
 
 def check_eager(program: Program) -> None:
