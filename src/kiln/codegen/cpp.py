@@ -14,7 +14,6 @@ from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, FloorDiv, Mod, Sym
 from kiln.ir.kernel import compute_dtype
 
-
 # Rows up to this many elements keep reused values in a local array (stack, L1/L2).
 ROW_SCRATCH_LIMIT = 16384
 COLUMN_BLOCK = 64  # neighbouring outputs a column reduction computes together
@@ -176,7 +175,9 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
             return f"kiln_truncdiv({a[0]}, {a[1]})"
         return f"std::trunc({_round_like(f'{a[0]} / {a[1]}', arg_types)})"
     if fn == "remainder":
-        return f"kiln_remainder_fp<{ctype(t)}>({a[0]}, {a[1]})" if is_fp else f"kiln_remainder({a[0]}, {a[1]})"
+        if is_fp:
+            return f"kiln_remainder_fp<{ctype(t)}>({a[0]}, {a[1]})"
+        return f"kiln_remainder({a[0]}, {a[1]})"
     if fn == "fmod":
         return f"std::fmod({a[0]}, {a[1]})" if is_fp else f"kiln_fmod({a[0]}, {a[1]})"
     if fn == "pow":
@@ -456,7 +457,8 @@ class _Renderer:
             partials = {r.out: f"{r.out}_block" for r in sums}
             if stage.loop:
                 for sym in kern.reduce[:-1]:
-                    self.emit(inner, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
+                    i = sym.name
+                    self.emit(inner, f"for (int64_t {i} = 0; {i} < {sym.extent}; ++{i}) {{")
                     inner += 1
                 last = kern.reduce[-1]
                 start, stop = "0", str(last.extent)
@@ -498,8 +500,10 @@ class _Renderer:
                 for r in reductions:
                     self.reduce_finish(r, depth + 1)
                 self.emit(depth, "}")
-            finished += [(r.out, "int64_t" if r.kind in ("argmax", "argmin") else ctype(compute_dtype(r.dtype)))
-                         for r in reductions]
+            finished += [
+                (r.out, "int64_t" if r.kind in ("argmax", "argmin") else ctype(compute_dtype(r.dtype)))
+                for r in reductions
+            ]
         for _ in range(len(outer) + 1):
             depth -= 1
             self.emit(depth, "}")

@@ -197,7 +197,8 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
         if use_arena:
             lines.append(f"    {name} = as_strided(arena[{slot}], {node.shape}, {stride})")
         elif slot in holder:
-            lines.append(f"    {name} = as_strided({holder[slot]}, {node.shape}, {stride})  # reuses {holder[slot]}")
+            reused = holder[slot]
+            lines.append(f"    {name} = as_strided({reused}, {node.shape}, {stride})  # reuses {reused}")
         else:
             lines.append(f"    {name} = empty_strided({node.shape}, {stride}, dtype={node.dtype}, "
                          f"device=device)")
@@ -280,7 +281,8 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             # eager returns new memory here; the value kiln has is an input, a view or
             # another output, so copy it (in eager's layout)
             stride = want if want is not None and is_non_overlapping(o.shape, want) else layouts(o)
-            source = buffer_names[o] if o not in schedule.aliases else _alias_expr(schedule.aliases[o], buffer_names)
+            alias = schedule.aliases.get(o)
+            source = _alias_expr(alias, buffer_names) if alias else buffer_names[o]
             rets.append(f"restride({source}, {stride})")
         elif isinstance(o, Node):
             rets.append(_in_eager_layout(o, want, schedule, buffer_names, layouts, lines))
