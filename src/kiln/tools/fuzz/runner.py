@@ -113,6 +113,9 @@ def _run(program: Program, against: str | Compiler) -> Outcome:
     records = list(errors.FALLBACKS)
     shown = sorted({f"{r.kind}: {r.op or 'graph'}" for r in records})
     bad = [r for r in records if r.kind in ("internal", "trace")]
+    only_traced = bool(bad) and all(r.kind == "trace" for r in bad)
+    if only_traced and _fails_without(ns, program, "aot_eager"):  # AOTAutograd refuses it without kiln too
+        return Outcome("upstream", f"{bad[0].kind} {bad[0].op or 'graph'}: {bad[0].reason}"[:500], shown)
     if bad:
         return Outcome(
             "internal fallback", f"{bad[0].kind} {bad[0].op or 'graph'}: {bad[0].reason}"[:500], shown
