@@ -3,6 +3,7 @@ eager's strides, and layouts that repeat elements (broadcasts), on fresh random 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import assert_same
 
@@ -115,3 +116,16 @@ def test_aten_ops_on_a_permuted_intermediate_give_eager_strides():
 
     check_layouts(f, lambda: [torch.randn(2, 1, 16).permute(2, 1, 0), torch.randn(1, 1, 1)])
     check_layouts(g, lambda: [torch.randn(3, 5).t(), torch.randint(0, 5, (5, 3))])
+
+
+@pytest.mark.parametrize("shape,dims", [((1, 0), [1]), ((0, 1), [0]), ((5, 0, 10), [1])])
+def test_flip_of_an_empty_dim(shape, dims):
+    """A flip is a view whose offset counts from the end of each flipped dim: -1 for an empty
+    one, which no storage offset may be."""
+    def f(x):
+        return torch.flip(x, dims)
+
+    records = len(errors.FALLBACKS)
+    x = torch.randn(shape)
+    assert_same(kiln.compile(f)(x), f(x))
+    assert not [r for r in list(errors.FALLBACKS)[records:] if r.kind == "internal"]

@@ -5,6 +5,7 @@ outputs with eager's sizes, strides and dtypes.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -339,7 +340,10 @@ def _in_eager_layout(o: Node, want: tuple | None, schedule: Schedule, buffer_nam
 
 def _alias_expr(a, buffer_names) -> str:
     base = buffer_names[a.base]
-    return f"as_strided({base}, {a.shape}, {a.stride}, {base}.storage_offset() + {a.offset})"
+    # an empty view addresses nothing: its offset (a flip's n - 1 of a size-0 dim is -1) must
+    # only stay within the storage
+    offset = a.offset if math.prod(a.shape) else 0
+    return f"as_strided({base}, {a.shape}, {a.stride}, {base}.storage_offset() + {offset})"
 
 
 def _shares_memory(node: Node, schedule: Schedule, returned: set[Node]) -> bool:
