@@ -219,7 +219,7 @@ def _lower_call(
     reason = EXTERN_BY_DESIGN.get(n.target, "no kiln lowering for this op")
     effectful = has_side_effects(n)
     if effectful:  # kernels have no effects: it runs in ATen, where the program order puts it
-        fn, reason = None, _EFFECTFUL
+        fn, reason = None, EXTERN_BY_DESIGN.get(n.target, _EFFECTFUL)
     by_design = n.target in EXTERN_BY_DESIGN or effectful
     if isinstance(n.target, torch._ops.HigherOrderOperator):
         fn, reason, by_design = None, _HIGHER_ORDER, True
