@@ -665,9 +665,8 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     else:
         rblock = 2048
     if split_rows(kernel) is not None:
-        # one row per program, up to 32 elements per thread (hand-written two-tile kernels on
-        # the H200: softmax over rows of 1021 0.070 ms over 1 warp, 0.071 over 2, 0.084 over 4;
-        # RMSNorm over rows of 4093 0.079 over 4 warps, 0.083-0.084 over 2 or 8)
+        # one row per program, up to 32 elements per thread: fewer warps a row leave the
+        # rows' two tiles less to combine, until a thread holds too many elements
         return 1, rblock, max(1, min(8, rblock // 1024))
     if interpreted:
         return next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock)))), rblock, 4
@@ -717,9 +716,8 @@ def split_rows(kernel: k.Kernel) -> RowSplit | None:
     rows' buffers must share one index (each row then starts as far off a boundary in all of
     them), linear in the row element. A buffer read by column (a weight) is read from wherever
     the body starts (_column_load). None for aligned rows, rows shorter than SPLIT_MIN,
-    argmax/argmin, and kernels that do not split. (On the H200, softmax over rows of 1021
-    bf16: 0.080 ms through one tile whose edge lanes were merged into the body's layout,
-    0.069 in two tiles.)"""
+    argmax/argmin, and kernels that do not split. Two tiles beat one tile whose edge lanes are
+    merged into the body's layout, which moves values through shared memory."""
     if not is_persistent(kernel) or len(kernel.reduce) != 1 or rows_aligned(kernel):
         return None
     reductions = [s for st in kernel.stages for s in st.body if isinstance(s, k.Reduce)]
@@ -750,8 +748,8 @@ def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
         options = []
         for tile in (2048, 4096, 8192, 16384):
             xblock = max(1, tile // rblock)
-            # 2 warps: LayerNorm+GELU over rows of 4096 bf16 on the H200 took 75.0 us over 2
-            # warps, 76.4 over 4 (fewer instructions a row per element); RMSNorm 72.0 and 71.0
+            # 2 warps too: a row over fewer warps takes fewer instructions per element, which
+            # pays where the kernel is bound by issuing them (LayerNorm+GELU)
             for warps in (2, 4, 8, 16):
                 if warps * 32 * 2 <= xblock * rblock and xblock <= next_pow2(kernel.outer_numel):
                     options.append((xblock, rblock, warps))

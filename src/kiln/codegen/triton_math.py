@@ -20,9 +20,8 @@ INTERPRETER_UNSUPPORTED = frozenset({"asin", "acos", "atan", "atan2"})
 
 # float32 erf without a branch, for the GPU and the interpreter alike: x * S(x^2) below 1,
 # 1 - 2^(-t p(t)) from there (t = |x| clamped at 4, where erf rounds to 1). Both sides are
-# computed and one is selected, which on a GPU still costs less than libdevice's erff (a
-# LayerNorm+GELU kernel on the H200: 0.121 ms with libdevice's, 0.104 ms with this one,
-# 0.073 ms with no erf at all). The coefficients are minimax fits (relative error for S,
+# computed and one is selected, which on a GPU still costs less than libdevice's erff
+# and its branches. The coefficients are minimax fits (relative error for S,
 # absolute for p); the result is within 2.5 float32 ulps of erf (test_triton_math.py).
 # The polynomials are written as tl.fma: one fused instruction per step on the GPU, where
 # kernels otherwise compile without fp fusion (runtime/triton_build.py).
@@ -55,9 +54,8 @@ def erf_f32(x):
 # interpreter (test_triton_math.py; eager's 1 + erf carries about 6e-8), and on the H200 GELU
 # is within twice eager's error (tests/gpu). h is negative for every u >= 0 (it has no real
 # root), so past 5.5, where eager's 1 + erf has rounded to 0 or 2, x h(x^2) still drives Phi
-# to 0 or 1 without a clamp on u (an infinite u makes h -inf, a NaN x stays NaN).
-# LayerNorm+GELU on the H200: 0.095 ms through erf, 0.079 in this form (without the clamp,
-# 0.0777 against 0.0791 with it in one A/B).
+# to 0 or 1 without a clamp on u (an infinite u makes h -inf, a NaN x stays NaN). This form
+# takes fewer instructions than x * (1 + erf(x / sqrt 2)) / 2 through erf_f32.
 @triton.jit
 def _gelu_exponent(x):
     u = x * x
@@ -460,9 +458,8 @@ else:
 # may run past it, within its 16-byte block. The permutes take a thread's 8 (16-bit)
 # or 4 (32-bit) consecutive columns at once, which only vector loads guarantee (ALIGNED: the
 # tensors are 16-byte aligned, as compiled); otherwise, and in the interpreter, the load is
-# plain. RMSNorm over rows of 4093 bf16 on the H200: 0.075 ms loading a flat range and
-# converting its layout through shared memory, 0.0742 this way (0.0716 with the kernel's
-# registers capped at an allocation step, runtime/triton_build.py), 0.0706 as if aligned.
+# plain. Shifting in registers is faster than converting a flat range's layout through shared
+# memory, and close to an aligned load.
 def _shift_asm(elem_bits: int) -> str:
     """PTX: four words from the eight of two vectors ($4-$11) in three (16-bit elements) or
     two (32-bit) permutes of word pairs 2, 1 and 1 words apart, each by its selector operand:

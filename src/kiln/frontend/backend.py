@@ -169,8 +169,8 @@ class _PerShape:
     """A graph Dynamo traced with symbolic shapes, compiled by kiln for each concrete shape it
     meets (kiln's kernels are specialized to their shapes). Dynamo keeps one graph and its
     guards; without it a caller would need dynamic=False, for which Dynamo patches its
-    configuration around every call (7-24 us of host time per call on the H200's hosts). Past
-    SHAPE_LIMIT shapes, as past Dynamo's recompile limit, new shapes run in ATen."""
+    configuration around every call, at a cost in host time. Past SHAPE_LIMIT shapes, as
+    past Dynamo's recompile limit, new shapes run in ATen."""
 
     SHAPE_LIMIT = 16
 

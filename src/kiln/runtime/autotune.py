@@ -19,8 +19,8 @@ from kiln.runtime.cache import atomic_write
 Config = tuple[int, int, int]  # XBLOCK, RBLOCK, num_warps
 
 
-# Triton builds a C launcher per kernel signature: a C compiler run, about 0.3 s when its cache
-# is cold. kiln's kernels take nothing but pointers, and the GPU reads only as many parameters
+# Triton builds a C launcher per kernel signature: a C compiler run when its cache is cold.
+# kiln's kernels take nothing but pointers, and the GPU reads only as many parameters
 # as a kernel declares, so one launcher built for up to 8, 16, 32... pointers serves every
 # kernel with as many or fewer, given None (a null pointer) for the rest: the null scratch
 # pointers a kernel without scratch memory would get anyway.

@@ -24,9 +24,8 @@ from pathlib import Path
 
 log = logging.getLogger("kiln")
 
-# Fewer compiles than this run here. On the H200 a 3-kernel graph took 1.2 s to compile cold
-# through the workers, against 0.2 s before they existed (most likely each worker's first
-# compile setting up Triton's CUDA backend, which this process has done already).
+# Fewer compiles than this run here: a worker's first compile sets up Triton's CUDA backend
+# again, which this process has done already, and costs more than a few kernels save.
 MIN_POOL_JOBS = 8
 
 _pool: ProcessPoolExecutor | None = None

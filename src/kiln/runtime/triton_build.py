@@ -116,16 +116,13 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
 # registers in units of 256, 8 a thread: a kernel of 74 registers a thread takes as many as
 # one of 80, and 6 programs of 4 warps fit on an SM where 7 of 72 would. ptxas weighs neither
 # way of that step: it does not drop a few registers to fit another program, and given no
-# limit it schedules for fewer registers than the programs that fit would allow (RMSNorm over
-# rows of 3000 bf16: 42 registers with the weight loads spread between the arithmetic; under
-# .maxnreg 48, as many programs, 46 with the loads issued together, 0.0174 -> 0.0166 ms on
-# the H200). So a CUDA kernel whose count is not its budget compiles again with the budget as
-# .maxnreg: the unit boundary below its count where that fits another program (kept if it
-# does not spill; RMSNorm over rows of 4093: 74 registers 0.0742 ms, 72 0.0716), else the
-# most registers at which as many programs fit. The latter only from 32 registers up: most of
-# a training step's kernels are element-wise ones of fewer (38 of the 51 kernels of a one-layer
-# GPT-2 step would compile again), and compiling those again made the 12-layer step's first
-# call 3 s longer and no step faster.
+# limit it schedules for fewer registers than the programs that fit would allow, spreading
+# loads between the arithmetic that it could have issued together. So a CUDA kernel whose
+# count is not its budget compiles again with the budget as .maxnreg: the unit boundary below
+# its count where that fits another program (kept if it does not spill), else the most
+# registers at which as many programs fit. The latter only from 32 registers up: most of a
+# training step's kernels are small element-wise ones, whose second compile lengthens the
+# first step and speeds up none (docs/benchmarks.md, register budgets).
 REGISTERS_PER_SM, THREADS_PER_SM, PROGRAMS_PER_SM, REGISTER_UNIT, MAX_REGISTERS = 65536, 2048, 32, 8, 255
 MIN_REGISTERS_RAISED = 32
 
