@@ -11,11 +11,12 @@ The first step still fuses whatever produces x. Only reductions whose partial re
 combine exactly as the whole does are split (sum, prod, max, min, any, all: not argmax);
 bf16/f16 sums keep float32 partials, so the result is rounded once, as eager rounds it.
 
-A floating-point sum longer than MAX_SUM_CHUNK is split whatever its parallelism, into
-chunks of at most that many terms (the sum of the partials splits again when they are
-that many): a kernel accumulates its terms in a few running sums, whose rounding error
-grows with their length (2**25 + 2 == 2**25 in float32), while eager and Inductor sum in
-blocks. An extent that no chunk count divides is padded with zeros.
+A floating-point column sum longer than MAX_SUM_CHUNK is split whatever its parallelism, into
+chunks of at most that many terms (the sum of the partials splits again when they are that
+many): a column kernel's program adds its column's terms one after another, and that running
+sum's rounding error grows with its length (2**25 + 2 == 2**25 in float32), while eager and
+Inductor sum in blocks. Row kernels need no split: they accumulate in a vector of running
+sums (Triton) or in blocks (C++). An extent that no chunk count divides is padded with zeros.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ MAX_SUM_CHUNK = 1 << 16  # terms of a floating-point sum one partial result adds
 
 def split_reductions(graph: Graph, busy_programs: int, column_block: int) -> tuple[Graph, int]:
     """Split every long reduction that would run fewer than busy_programs / 2 programs into
-    enough partial results to run about busy_programs (0: none), and every floating-point sum
-    longer than MAX_SUM_CHUNK into chunks; returns the new graph and how many split. A
+    enough partial results to run about busy_programs (0: none), and every floating-point
+    column sum longer than MAX_SUM_CHUNK into chunks; returns the new graph and how many split. A
     reduction over the last axis runs a program per output; one over other axes (a column
     reduction), a program per column_block outputs."""
     def rule(b: Builder, n: Node) -> Node | None:
@@ -54,8 +55,9 @@ def _split(b: Builder, n: Node, busy_programs: int, column_block: int) -> Node |
     kind, axes = n.attrs
     x = n.inputs[0]
     extent = math.prod(x.shape[a] for a in axes)
-    programs = n.numel if axes[-1] == len(x.shape) - 1 else math.ceil(n.numel / column_block)
-    long_sum = kind == "sum" and n.dtype.is_floating_point and extent > MAX_SUM_CHUNK
+    rows = axes[-1] == len(x.shape) - 1
+    programs = n.numel if rows else math.ceil(n.numel / column_block)
+    long_sum = kind == "sum" and n.dtype.is_floating_point and extent > MAX_SUM_CHUNK and not rows
     idle = 0 < programs * 2 <= busy_programs and extent >= MIN_EXTENT
     if not (idle or long_sum):
         return None
