@@ -68,6 +68,11 @@ SIGNED_ZEROS = {
     "masked_fill": (lambda x: x.masked_fill(x < 0, -0.0), [lambda n: torch.randn(n)]),
     "relu": (torch.relu, [_zeros_of_both_signs]),
     "clamp_ties": (lambda x: torch.clamp(x, min=-0.0, max=0.0), [_zeros_of_both_signs]),
+    # an integer has no -0: the small negative fractions become 0, and 0 / negative is -0.0
+    "through_int": (lambda x: torch.div(torch.frac(x).to(torch.int64), x, rounding_mode="trunc"),
+                    [lambda n: -(torch.rand(n) + 1.1)]),
+    "through_int_float": (lambda x: torch.frac(x).to(torch.int32).to(torch.float32) * -1.0,
+                          [lambda n: -(torch.rand(n) + 1.1)]),
 }
 
 

@@ -27,8 +27,10 @@ from kiln.runtime.cache import atomic_write, cache_dir, compiler_version, conten
 # Without AVX-512 it is moot.
 # -ffp-contract=off: eager rounds every product before adding it, and g++ would otherwise fuse
 # a*b - c into one fma whose result differs (a*b - (a*b) is then the product's rounding error).
+# Trapping math stays on: without it g++ folds float -> int -> float into trunc(), which keeps
+# the sign of a zero that the integer lost.
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno",
-         "-fno-trapping-math", "-ffp-contract=off", "-fPIC"]
+         "-ffp-contract=off", "-fPIC"]
 LIBS = ["-lmvec", "-lm"]
 PRELUDE = Path(__file__).resolve().parent.parent / "codegen" / "cpp_prelude.h"
 
