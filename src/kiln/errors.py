@@ -16,7 +16,9 @@ log = logging.getLogger("kiln")
 # unsupported: kiln has no lowering, or the inputs are of a kind it does not compile
 # trace:       AOTAutograd could not trace the graph with kiln's decompositions
 # internal:    kiln itself raised (a lowering, code generation or build bug)
-KINDS = ("by design", "unsupported", "trace", "internal")
+# upstream:    PyTorch's shape function for an op disagrees with the op's kernel, so code
+#              compiled for the shapes PyTorch promised cannot run
+KINDS = ("by design", "unsupported", "trace", "internal", "upstream")
 SCOPES = ("graph", "op")
 
 
@@ -37,6 +39,12 @@ class Fallback:
     def __str__(self) -> str:
         where = f"{self.op} runs" if self.scope == "op" else "graph runs"
         return f"kiln: {where} in ATen ({self.kind}): {self.reason}"
+
+
+class MetaMismatch(RuntimeError):
+    """An ATen result at run time has another rank than PyTorch's shape function gave."""
+
+    fallback_kind = "upstream"
 
 
 # The newest records of this process; bounded so that a long-running process does not grow.

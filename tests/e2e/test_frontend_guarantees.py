@@ -107,3 +107,20 @@ def test_planted_failure_raises_under_kiln_debug(name, monkeypatch):
     compiled = kiln.compile(f, **options)
     with pytest.raises(Exception, match="planted failure"):
         compiled(randn(5, 6), randn(5, 6, seed=1))
+
+
+def test_a_shape_function_that_disagrees_with_its_kernel_is_upstream(monkeypatch, caplog):
+    """An ATen result whose rank differs from what PyTorch's shape function said (linalg
+    vector norms over size-1 dims on torch 2.11) is PyTorch's bug: the graph runs in ATen."""
+    def mismatch(args):
+        raise errors.MetaMismatch("an ATen op returned a 0-d result")
+
+    compile_graph = pipeline.compile_graph
+    monkeypatch.setattr(pipeline, "compile_graph", lambda *a: (mismatch, compile_graph(*a)[1]))
+    monkeypatch.delenv("KILN_DEBUG", raising=False)
+    errors.FALLBACKS.clear()
+    x, y = randn(5, 6), randn(5, 6, seed=1)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        assert_same(kiln.compile(f)(x, y), f(x, y))
+    assert [(r.scope, r.kind) for r in errors.FALLBACKS] == [("graph", "upstream")]
+    assert len(kiln_warnings(caplog)) == 1

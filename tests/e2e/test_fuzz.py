@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from kiln.tools.fuzz.compare import RTOL, compare_tensor
+from kiln.tools.fuzz.compare import RTOL, Run, compare_runs, compare_tensor
 from kiln.tools.fuzz.grammar import generate
 from kiln.tools.fuzz.program import render, reproducer
 from kiln.tools.fuzz.runner import run_program
@@ -151,6 +151,22 @@ def test_tiny_results_carry_the_error_of_unit_scale_terms():
     zero64 = torch.zeros(1, dtype=torch.float64)
     assert compare_tensor(torch.tensor([5.5e-8]), torch.tensor([0.0]), zero64) == ""
     assert compare_tensor(torch.tensor([-1e-6]), eager, ref) != ""
+
+
+@fuzzer_check
+def test_gradients_at_nan_inputs_are_not_compared():
+    """eager's elu backward gives NaN at a NaN input in its vector loop and the gradient in its
+    scalar tail; elsewhere a gradient still compares."""
+    grad = torch.randn(8)
+    eager = grad.clone()
+    eager[2] = float("nan")
+    nan_at = torch.zeros(8, dtype=torch.bool)
+    nan_at[2] = True
+    expected = Run([], [], [eager], [nan_at])
+    assert compare_runs(Run([], [], [grad]), expected, None) == ""
+    wrong = grad.clone()
+    wrong[5] += 1
+    assert compare_runs(Run([], [], [wrong]), expected, None) != ""
 
 
 @fuzzer_check

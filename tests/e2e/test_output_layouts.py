@@ -129,3 +129,14 @@ def test_flip_of_an_empty_dim(shape, dims):
     x = torch.randn(shape)
     assert_same(kiln.compile(f)(x), f(x))
     assert not [r for r in list(errors.FALLBACKS)[records:] if r.kind == "internal"]
+
+
+def test_flip_of_an_empty_dim_read_by_an_aten_op():
+    """The view an ATen op reads keeps its storage offset within the storage too."""
+    def f(x):
+        return torch.flip(x * 2, [1]).repeat(2, 1), torch.flip(x, [0, 1]).repeat(1, 2)
+
+    records = len(errors.FALLBACKS)
+    x = torch.randn(3, 0)
+    assert_same(kiln.compile(f)(x), f(x))
+    assert not [r for r in list(errors.FALLBACKS)[records:] if r.kind == "internal"]

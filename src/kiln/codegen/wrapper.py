@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln import errors
 from kiln.ir.checks import ERROR_PARAM, INDEX_RULES, SLOTS_PER_CHECK, Check
 from kiln.ir.kernel import Kernel
 from kiln.ir.tensor import ArgRef, Node, Op
@@ -85,6 +86,9 @@ def _restride(t: torch.Tensor, stride: tuple[int, ...], dtype: torch.dtype | Non
     their meta function says) kernels were compiled for, in new memory. A layout that repeats
     elements along stride-0 dims (a broadcast) is filled from one slice along them and expanded:
     no copy can write one element twice."""
+    if len(stride) != t.dim():
+        raise errors.MetaMismatch(f"an ATen op returned a {t.dim()}-d result of shape {tuple(t.shape)} "
+                                  f"where PyTorch's shape function gives {len(stride)} dims")
     dtype = dtype or t.dtype
     broadcast = [d for d, (n, st) in enumerate(zip(t.shape, stride)) if st == 0 and n > 1]
     if broadcast:
@@ -229,10 +233,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             argnames = []
             for i in step.inputs:
                 if i in schedule.aliases:
-                    a = schedule.aliases[i]
-                    base = buffer_names[a.base]
-                    lines.append(f"    view{i.id} = as_strided({base}, {a.shape}, {a.stride}, "
-                                 f"{base}.storage_offset() + {a.offset})")
+                    lines.append(f"    view{i.id} = {_alias_expr(schedule.aliases[i], buffer_names)}")
                     argnames.append(f"view{i.id}")
                 else:
                     argnames.append(buffer_names[i])

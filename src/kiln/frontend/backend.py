@@ -139,7 +139,7 @@ class _FirstCallChecked:
             if env_debug() or getattr(e, RAISED_AS_EAGER, False):
                 raise
             reason = f"the compiled program failed at its first call: {type(e).__name__}: {e}"
-            errors.record(errors.Fallback("graph", "internal", reason))
+            errors.record(errors.Fallback("graph", getattr(e, "fallback_kind", "internal"), reason))
             self.fn = make_boxed_func(self.gm.forward)
             out = self.fn(kept)
         self.checked = True

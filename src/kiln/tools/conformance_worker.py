@@ -264,9 +264,8 @@ class _Runner:
                 return Outcome("not captured", f"Dynamo fails: {_short(e)}")
             return Outcome("crash", _short(e))
         records = list(errors.FALLBACKS)
-        fallbacks = {
-            r.op or "(whole graph)": r.reason for r in records if r.kind in ("by design", "unsupported")
-        }
+        ran_in_aten = ("by design", "unsupported", "upstream")
+        fallbacks = {r.op or "(whole graph)": r.reason for r in records if r.kind in ran_in_aten}
         problem = self._kiln_problem(records)
         if problem:
             return Outcome(problem[0], problem[1], fallbacks)

@@ -32,6 +32,10 @@ class Run:
     outputs: list
     inputs: list  # after the run: in-place updates show here
     grads: list | None = None
+    # where each differentiated input is NaN: eager's own backward kernels disagree there
+    # between their vector and scalar loops (elu: NaN in one, the gradient in the other), so
+    # those elements of the gradients are not compared
+    grad_nan: list | None = None
 
 
 def grad_targets(outs, inputs, seed: int):
@@ -72,10 +76,21 @@ def compare_runs(actual: Run, expected: Run, ref: Run | None, exact: list[bool] 
             r = r_list[k] if r_list is not None and k < len(r_list) else None
             flag = {"output": k, "input after the call": n_out + k}.get(what)
             bitwise = flag is not None and flag < len(exact) and exact[flag]
+            if what == "gradient of input" and expected.grad_nan and a is not None and e is not None:
+                a, e, r = _unmask(expected.grad_nan[k], a, e, r)
             why = compare_tensor(a, e, r, strides=what == "output", bitwise=bitwise)
             if why:
                 return f"{what} {k}: {why}"
     return ""
+
+
+def _unmask(skip: torch.Tensor, a, e, r):
+    """a, e and r with eager's values where skip is set, so those elements compare equal."""
+    if skip.shape != e.shape or not bool(skip.any()):
+        return a, e, r
+    if r is not None and r.shape == e.shape:
+        r = torch.where(skip, e.to(r.dtype), r)
+    return torch.where(skip, e, a), e, r
 
 
 def compare_tensor(a, e, r=None, strides: bool = True, bitwise: bool = False) -> str:

@@ -77,7 +77,7 @@ BINARY = [
     ("torch.pow({0}, {1})", False, False),
     ("torch.atan2({0}, {1})", False, False),
     ("torch.hypot({0}, {1})", False, False),
-    ("torch.copysign({0}, {1})", False, False),
+    ("torch.copysign({0}, {1})", True, True),
     ("torch.lerp({0}, {1}, 0.3)", False, False),
     ("torch.eq({0}, {1})", True, True),
     ("torch.ne({0}, {1})", True, True),
