@@ -93,3 +93,30 @@ def test_integer_addcmul_with_a_float_value_compiles_and_truncates_it(value):
     """Eager converts value to the integer type (0.5 -> 0); PyTorch's decomposition raises."""
     check(lambda a, b, c: torch.addcmul(a, b, c, value=value) * 2, _ints(torch.int64), _ints(torch.int64),
           _ints(torch.int64), expect_native=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["prod", "sum"])
+def test_a_low_precision_sum_or_product_is_rounded_before_it_is_read(kind, dtype):
+    """prod(bf16).float(): eager rounds the product to bf16 before the cast. Rows are short
+    enough that float32 sums and products of them are exact, so the results are equal."""
+    def f(x, y):
+        r = x.prod(-1) if kind == "prod" else x.sum(-1)
+        return r.float() * 3 + y
+
+    x, y = torch.randn(64, 2).to(dtype), torch.randn(64)
+    out, _ = run_compiled(f, x, y)
+    assert torch.equal(out, f(x, y)), (out - f(x, y)).abs().max()
+
+
+@pytest.mark.parametrize("n", [5, 21, 37])
+def test_a_value_compared_with_its_own_maximum_has_a_winner_in_every_row(n):
+    """erf(x) == amax(erf(x)): the value is computed once and read by both, so each row has a
+    winner (a vector loop and a scalar tail may round a library function differently)."""
+    def f(x):
+        v = torch.erf(x * 0.5)
+        return v == v.amax(-1, keepdim=True)
+
+    x = torch.randn(16, n)
+    out, _ = run_compiled(f, x)
+    assert torch.equal(out, f(x))

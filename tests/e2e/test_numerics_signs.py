@@ -63,6 +63,8 @@ SIGNED_ZEROS = {
     "copysign_int": (lambda x: torch.copysign(x, -0.0),
                      [lambda n: torch.randint(-9, 9, (n,), dtype=torch.int32)]),
     "copysign": (lambda x: torch.copysign(x, -0.0), [lambda n: torch.randn(n)]),
+    "copysign_ints": (torch.copysign, [lambda n: torch.randint(-2, 3, (n,)),
+                                       lambda n: torch.randint(-9, 9, (n,), dtype=torch.int32)]),
     "mul_negative_zero": (lambda x: x * -0.0, [lambda n: torch.randn(n)]),
     "where_negative_zero": (lambda x: torch.where(x > 0, x, -0.0), [lambda n: torch.randn(n)]),
     "masked_fill": (lambda x: x.masked_fill(x < 0, -0.0), [lambda n: torch.randn(n)]),

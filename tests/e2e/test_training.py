@@ -55,6 +55,34 @@ def test_input_gradients():
     torch.testing.assert_close(w2.grad, w.grad, rtol=1e-4, atol=1e-5)
 
 
+MAX_LIKE = {
+    "inf_norm": lambda v: torch.linalg.vector_norm(v, ord=float("inf"), dim=-1),
+    "amax": lambda v: v.amax(-1),
+    "max": lambda v: v.max(-1).values,
+}
+
+
+@pytest.mark.parametrize("n", [5, 21, 37])
+@pytest.mark.parametrize("name", sorted(MAX_LIKE))
+def test_max_like_gradients_of_math_library_values(name, n):
+    """The backward finds the winner by comparing the forward's values with the maximum: those
+    values are saved, not recomputed by a kernel whose erf may differ by an ulp (a vector loop
+    and its scalar tail), which would leave no winner and a zero gradient."""
+    reduce = MAX_LIKE[name]
+
+    def f(x, w):
+        return reduce(torch.erf(x @ w))
+
+    x, w = torch.randn(3, 4), torch.randn(4, n)
+    grads = []
+    for fn in (f, kiln.compile(f)):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        out = fn(xs, ws)
+        grads.append(torch.autograd.grad(out, (xs, ws), torch.ones_like(out)))
+    for got, want in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "make",
     [

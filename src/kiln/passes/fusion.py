@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from kiln.ir import index as ix
+from kiln.ir.ops import LIBRARY_MATH
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, dim_syms
 from kiln.passes.layout import same_strides
 
@@ -204,6 +205,9 @@ def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alia
             stored[o] = "graph output"
         elif o in aliases:
             decisions.append(Decision(_label(o), "alias", "output is a strided view of a stored tensor"))
+    for n in _compared_with_own_extreme(graph):
+        stored.setdefault(n, "compared with a max or min of itself: stored once, so that every "
+                             "kernel reads the same bits")
     for n in graph.nodes:
         if n.op is not Op.EXTERN:
             continue
@@ -216,6 +220,42 @@ def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alia
             else:
                 stored[i] = f"argument of ATen call {n.attrs[0]}"
     return stored, aliases, decisions
+
+
+# Element-wise functions that give the same bits whichever kernel computes them: walked
+# through to find the value an equality compares.
+_EXACT_FNS = frozenset("neg abs cast maximum minimum where".split())
+
+
+def _compared_with_own_extreme(graph: Graph) -> set[Node]:
+    """Math-library values that an equality compares with a max or min over them (the
+    backward of amax or of an inf-norm finds the winners so): recomputed in two kernels,
+    their vector loops and scalar tails may round differently and no element would win."""
+    found: set[Node] = set()
+    for n in graph.nodes:
+        if n.op is Op.POINTWISE and n.attrs[0] in ("eq", "ne") and len(n.inputs) == 2:
+            a, b = (_library_sources(i, through_extremes=False) for i in n.inputs)
+            a2, b2 = (_library_sources(i, through_extremes=True) for i in n.inputs)
+            found |= (a & b2) | (b & a2)
+    return found
+
+
+def _library_sources(n: Node, through_extremes: bool) -> set[Node]:
+    """The math-library values n is computed from by exact steps (and, if through_extremes,
+    max/min reductions)."""
+    out: set[Node] = set()
+    stack, seen = [n], set()
+    while stack:
+        m = stack.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        if m.op is Op.POINTWISE and m.attrs[0] in LIBRARY_MATH:
+            out.add(m)
+        elif (m.op is Op.VIEW or (m.op is Op.POINTWISE and m.attrs[0] in _EXACT_FNS)
+              or (through_extremes and m.op is Op.REDUCE and m.attrs[0] in ("max", "min"))):
+            stack.extend(m.inputs)
+    return out
 
 
 # A value inlined into several consumers is recomputed by each. When computing it reads

@@ -23,6 +23,8 @@ from kiln.passes.fusion import FusionMismatch, KernelPlan, reductions_below
 INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
 # The most indices one kernel computes an inlined value at (see KernelEmitter._count_index).
 INDEX_VARIANT_LIMIT = 8
+# reductions whose bf16/f16 result is not exact: it is rounded to its dtype before use
+ROUNDED_REDUCTIONS = frozenset({"sum", "prod"})
 
 
 class _StageBuilder:
@@ -91,7 +93,7 @@ class KernelEmitter:
     # ------------------------------------------------------------------ emission
     def value(self, node: Node, index: tuple[Expr, ...], mask: str | None = None) -> str:
         if node.op is Op.REDUCE and node in self.row_values:
-            return self._row_value(node, index)
+            return self._rounded(node, self._row_value(node, index))
         key = (node.id, index, mask)
         stage = self.stack[-1]
         if key in stage.memo:
@@ -185,7 +187,7 @@ class KernelEmitter:
                 src_index.append(e2)
             return self.value(src, tuple(src_index), mask)
         if op is Op.REDUCE:
-            return self._reduction(node, index)
+            return self._rounded(node, self._reduction(node, index))
         raise FusionMismatch(node, f"cannot inline {op.value} into a kernel")
 
     def _checked_index(self, e: Expr, check: Check, mask: str | None) -> Sym:
@@ -280,6 +282,18 @@ class KernelEmitter:
         self.row_values[node] = acc
         self.reduction_stage[node] = stage
         return acc
+
+    def _rounded(self, node: Node, acc: str) -> str:
+        """A reduction's result as its readers see it: a bf16/f16 sum or product accumulates
+        in float32 and eager rounds the result to its dtype before anything reads it. Each
+        stage rounds its own copy, so that no stage reads a value defined in another's loop."""
+        if node.dtype not in (torch.bfloat16, torch.float16) or node.attrs[0] not in ROUNDED_REDUCTIONS:
+            return acc
+        stage = self.stack[-1]
+        key = ("rounded", acc)
+        if key not in stage.memo:
+            stage.memo[key] = self._cast(acc, node.dtype)
+        return stage.memo[key]
 
     def _position(self, stage: _StageBuilder) -> int:
         """Where stage runs: its index, or after all of them while it is being built."""
