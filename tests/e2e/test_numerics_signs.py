@@ -60,6 +60,8 @@ SIGNED_ZEROS = {
     "floor_divide": (torch.floor_divide,
                      [_zeros_of_both_signs, lambda n: (torch.rand(n) + 0.5) * _random_signs(n)]),
     "neg": (torch.neg, [_zeros_of_both_signs]),
+    # frac(-0.0) and frac(-3.0) are 0.0 (not -0.0, as floor(|x|) * sign(x) would give)
+    "frac": (torch.frac, [lambda n: torch.randint(-3, 3, (n,)) * 1.0 * _random_signs(n)]),
     "copysign_int": (lambda x: torch.copysign(x, -0.0),
                      [lambda n: torch.randint(-9, 9, (n,), dtype=torch.int32)]),
     "copysign": (lambda x: torch.copysign(x, -0.0), [lambda n: torch.randn(n)]),

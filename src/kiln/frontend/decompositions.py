@@ -66,6 +66,12 @@ def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1)[index.reshape(-1)].reshape(index.shape)
 
 
+def _frac(x: torch.Tensor) -> torch.Tensor:
+    """x - trunc(x). Some PyTorch versions compute trunc as floor(|x|) * sign(x) here, which
+    turns frac(-0.0) into -0.0 - 0.0 = -0.0 where eager gives 0.0."""
+    return torch.sub(x, torch.trunc(x))
+
+
 @functools.cache
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
@@ -74,6 +80,7 @@ def decomposition_table() -> dict:
     table[aten.gelu.default] = _gelu_tanh_only(table[aten.gelu.default])
     table[aten.addcmul.default] = _integer_value_truncated(table[aten.addcmul.default])
     table[aten.take.default] = _take
+    table[aten.frac.default] = _frac
     for op in KEEP:
         table.pop(op, None)
     return table
