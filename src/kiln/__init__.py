@@ -27,8 +27,16 @@ def compile(model_or_fn: Callable | None = None, **options: Any) -> Callable:
             f"kiln.compile needs a torch.nn.Module or a function, got {type(model_or_fn).__name__}"
         )
     from kiln.frontend.backend import kiln_backend
+    from kiln.frontend.distributed import compile_wrapped
 
     backend = functools.partial(kiln_backend, options=opts)
+
+    def compile_module(module: torch.nn.Module) -> None:
+        module.compile(backend=backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic)
+
+    wrapped = compile_wrapped(model_or_fn, compile_module)
+    if wrapped is not None:
+        return wrapped
     return torch.compile(model_or_fn, backend=backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic)
 
 

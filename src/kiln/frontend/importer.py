@@ -29,6 +29,7 @@ _HIGHER_ORDER = ("higher-order ops (scans, loops, conditionals) run in ATen unti
                  "traced, their bodies would be unrolled once per step")
 _EFFECTFUL = "has side effects (an assert, a print, a mutation, a random draw, a wait): runs in ATen"
 _VENDOR = "runs in ATen by design: vendor BLAS/DNN kernels win here"
+_COLLECTIVE = "a collective or its wait: runs in the communication library (c10d), in program order"
 EXTERN_BY_DESIGN = {op: _VENDOR for op in (
     aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
     aten.convolution.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -223,6 +224,8 @@ def _lower_call(
     by_design = n.target in EXTERN_BY_DESIGN or effectful
     if isinstance(n.target, torch._ops.HigherOrderOperator):
         fn, reason, by_design = None, _HIGHER_ORDER, True
+    if getattr(n.target, "namespace", None) == "_c10d_functional":
+        fn, reason, by_design = None, _COLLECTIVE, True
     if fn is not None and _touches_complex(args, kwargs, val):
         fn, reason = None, "complex tensors are not lowered"
     if fn is not None:
