@@ -92,7 +92,8 @@ def _alloc(e: _Emitter, i: Alloc) -> None:
         e.emit(f"{i.out} = as_strided(arena[{i.slot}], {_shape(i.shape)}, {_shape(i.stride)})")
     else:
         e.helper("empty_strided", torch.empty_strided)
-        e.emit(f"{i.out} = empty_strided({_shape(i.shape)}, {_shape(i.stride)}, dtype={i.dtype}, device=device)")
+        e.emit(f"{i.out} = empty_strided({_shape(i.shape)}, {_shape(i.stride)}, dtype={i.dtype}, "
+               "device=device)")
 
 
 def _view(e: _Emitter, i: View) -> None:

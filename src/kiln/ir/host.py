@@ -297,7 +297,8 @@ _INSTR_TEXT = {
     + ("" if i.may_alias else " fresh"),
     Item: lambda i: f"{i.out} = item {i.src}[{i.index}]",
     EnsureLayout: lambda i: f"{i.out} = ensure_layout {i.src} {_layout_str(i.dtype, i.shape, i.stride)}",
-    EagerLayout: lambda i: f"{i.out} = eager_layout {i.src} {sizes_str(i.shape)} stride {sizes_str(i.stride)}",
+    EagerLayout: lambda i: f"{i.out} = eager_layout {i.src} {sizes_str(i.shape)} "
+    f"stride {sizes_str(i.stride)}",
     Restride: lambda i: f"{i.out} = restride {i.src} stride {sizes_str(i.stride)}",
     CopyMemory: lambda i: f"{i.out} = copy_memory {i.src}",
     Free: lambda i: f"free {i.name}",
@@ -367,12 +368,20 @@ def resolve_op(name: str) -> Any:
 
 # --- JSON-compatible form ---
 
+def _torch_name(value: Any) -> str:
+    return str(value).removeprefix("torch.")
+
+
+def _torch_attr(name: str) -> Any:
+    return getattr(torch, name)
+
+
 _TAGGED_TYPES = {  # type -> (tag, encode, decode)
     float: ("float", repr, float),
-    torch.dtype: ("dtype", lambda d: str(d).removeprefix("torch."), lambda s: getattr(torch, s)),
+    torch.dtype: ("dtype", _torch_name, _torch_attr),
     torch.device: ("device", str, torch.device),
-    torch.layout: ("layout", lambda v: str(v).removeprefix("torch."), lambda s: getattr(torch, s)),
-    torch.memory_format: ("memory_format", lambda v: str(v).removeprefix("torch."), lambda s: getattr(torch, s)),
+    torch.layout: ("layout", _torch_name, _torch_attr),
+    torch.memory_format: ("memory_format", _torch_name, _torch_attr),
     complex: ("complex", lambda c: [repr(c.real), repr(c.imag)], lambda p: complex(float(p[0]), float(p[1]))),
     Ref: ("ref", lambda r: r.name, Ref),
     ConstRef: ("const", lambda r: r.name, ConstRef),
@@ -444,7 +453,8 @@ def constants_blob(p: HostProgram) -> bytes:
 
 def from_dict(data: dict, constants: bytes | None = None) -> HostProgram:
     if data.get("version") != FORMAT_VERSION:
-        raise ValueError(f"kiln: host program format {data.get('version')!r}, this kiln reads {FORMAT_VERSION}")
+        raise ValueError(f"kiln: host program format {data.get('version')!r}, "
+                         f"this kiln reads {FORMAT_VERSION}")
     values = torch.load(io.BytesIO(constants), weights_only=True) if constants else {}
     missing = set(data["constants"]) - set(values)
     if missing:

@@ -82,7 +82,8 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
         if isinstance(ins, View):
             root[ins.out] = root.get(ins.base, ins.base)
     returned = _returned(body)
-    shared = {root.get(r, r) for ins in body if isinstance(ins, CallAten) and ins.may_alias for r in reads(ins)}
+    shared = {root.get(r, r) for ins in body if isinstance(ins, CallAten) and ins.may_alias
+              for r in reads(ins)}
     # reading a view reads the buffer under it: both stay alive
     reads_at = [{x for r in reads(ins) for x in (r, root.get(r, r))} for ins in body]
     last_read: dict[str, int] = {}
@@ -90,7 +91,8 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
         for name in names:
             last_read[name] = k
     # past the last launch or call the program only returns: freeing then saves nothing
-    last_work = max((k for k, ins in enumerate(body) if isinstance(ins, (Launch, CallAten, Item))), default=-1)
+    work = [k for k, ins in enumerate(body) if isinstance(ins, (Launch, CallAten, Item))]
+    last_work = work[-1] if work else -1
     order = {f"arg{k}": k - program.num_args for k in range(program.num_args)}
     for k, ins in enumerate(body):
         order.setdefault(getattr(ins, "out", ""), k)

@@ -33,8 +33,8 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
-from kiln.codegen.backends import Backend
 from kiln.codegen import host as host_codegen
+from kiln.codegen.backends import Backend
 from kiln.frontend.addmm import split_launch_bound_addmm
 from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
