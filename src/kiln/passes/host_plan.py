@@ -73,7 +73,10 @@ class _Builder:
 
 def _may_alias_inputs(node: Node) -> bool:
     """Whether an ATen call's result may share memory with its arguments (per its schema)."""
-    target = node.attrs[0] if node.op is Op.EXTERN else node.inputs[0].attrs[0]
+    return _schema_may_alias(node.attrs[0] if node.op is Op.EXTERN else node.inputs[0].attrs[0])
+
+
+def _schema_may_alias(target: Any) -> bool:
     schema = getattr(target, "_schema", None)
     return schema is None or any(r.alias_info is not None for r in schema.returns)
 
@@ -135,7 +138,8 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             if kern.outer_numel > 0:  # an empty output needs no kernel
                 launched.setdefault(kern.name, kernel_digest(kern))
                 args = tuple(a for a in kern.args if a != ERROR_PARAM)
-                writes = tuple(a for a, p in zip(kern.args, kern.params) if p.is_output)
+                writes = tuple(a for a, p in zip(kern.args, kern.params)
+                               if p.is_output and a != ERROR_PARAM)
                 start = error_offsets.get(id(step))
                 errors = (start, start + SLOTS_PER_CHECK * len(kern.checks)) if kern.checks else None
                 aligned = not any(_may_be_unaligned(by_name[a]) for a in args)
@@ -166,11 +170,13 @@ def _extern(b: _Builder, step: Node, layout_checked: bool) -> None:
         else:
             argnames.append(b.names[i])
     target, args_t, kwargs_t = step.attrs[0], step.attrs[1], step.attrs[2]
+    if hasattr(target, "as_aten"):  # a call kiln made up, written as the ATen call it is
+        target, args_t = target.as_aten(*args_t)
     op = op_name(target) or b.constant(target, "fn")
     name = b.names[step]
     args = tuple(b.literal(a, argnames) for a in args_t)
     kwargs = tuple((k, b.literal(v, argnames)) for k, v in kwargs_t.items())
-    b.body.append(CallAten(name, op, args, kwargs, _may_alias_inputs(step)))
+    b.body.append(CallAten(name, op, args, kwargs, _schema_may_alias(target)))
     if step.attrs[5] and layout_checked:
         b.body.append(EnsureLayout(name, name, step.shape, b.layouts(step), step.dtype))
 
