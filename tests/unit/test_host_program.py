@@ -38,6 +38,7 @@ from kiln.ir.host import (
 from kiln.options import Options
 from kiln.passes.host_plan import kernel_digest
 from kiln.passes.memory import plan_memory
+from kiln.tools.explain import report_text
 
 
 def _kernel_aten_view(x, w):
@@ -73,6 +74,7 @@ def _compiled_report(fn, *args):
 def test_golden_text_of_a_kernel_an_aten_call_and_a_view_output():
     report = _compiled_report(_kernel_aten_view, torch.randn(8, 16), torch.randn(16, 4))
     text = str(report.host_program)
+    assert text in report_text(report, show_kernels=True)  # what kiln explain shows
     assert re.sub(r"(kernel kernel\d) [0-9a-f]{16}", r"\1 <digest>", text) == GOLDEN
     # kernels are named by content: the digest is the kernel IR's
     assert [line.split()[2] for line in text.splitlines() if line.startswith("kernel ")] == [
@@ -134,6 +136,20 @@ def test_a_program_with_an_unnamed_callable_runs_but_does_not_serialize():
     assert torch.equal(host_codegen.load(program, {})([])[0], torch.ones(2))
     with pytest.raises(ValueError, match="cannot be serialized: fn0"):
         program.to_dict()
+
+
+def test_bad_serialized_programs_are_refused_with_the_reason():
+    data = _every_instruction().to_dict()
+    with pytest.raises(ValueError, match="format 0"):
+        HostProgram.from_dict({**data, "version": 0})
+    with pytest.raises(ValueError, match="does not know: \\['Prefetch'\\]"):
+        HostProgram.from_dict({**data, "body": [{"instr": "Prefetch"}]})
+    with pytest.raises(ValueError, match="constants \\['const0'\\] are missing"):
+        HostProgram.from_dict(data)
+    call = CallAten("buf0", "aten::no_such_op.default", ())
+    program = HostProgram("cpu", "pointers", 0, (), (call, Return((Ref("buf0"),))))
+    with pytest.raises(ValueError, match="calls aten::no_such_op.default, which this PyTorch does not have"):
+        host_codegen.load(program, {})
 
 
 def test_ops_are_found_again_by_their_qualified_names():

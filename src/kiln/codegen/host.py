@@ -120,7 +120,12 @@ def _call_aten(e: _Emitter, i: CallAten) -> None:
     if isinstance(i.op, ConstRef):
         fn = e.helper(i.op.name, e.program.constants[i.op.name])
     else:
-        fn = e.bind("op_", resolve_op(i.op))
+        try:
+            target = resolve_op(i.op)
+        except (AttributeError, ImportError, RuntimeError, ValueError) as error:
+            message = f"kiln: the host program calls {i.op}, which this PyTorch does not have"
+            raise ValueError(message) from error
+        fn = e.bind("op_", target)
     parts = [_literal(e, a) for a in i.args] + [f"{k}={_literal(e, v)}" for k, v in i.kwargs]
     e.emit(f"{i.out} = {fn}({', '.join(parts)})")
 

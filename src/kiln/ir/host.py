@@ -455,6 +455,9 @@ def from_dict(data: dict, constants: bytes | None = None) -> HostProgram:
     if data.get("version") != FORMAT_VERSION:
         raise ValueError(f"kiln: host program format {data.get('version')!r}, "
                          f"this kiln reads {FORMAT_VERSION}")
+    unknown = sorted({r["instr"] for r in data["body"]} - set(_INSTR_TAGS))
+    if unknown:
+        raise ValueError(f"kiln: the host program has instructions this kiln does not know: {unknown}")
     values = torch.load(io.BytesIO(constants), weights_only=True) if constants else {}
     missing = set(data["constants"]) - set(values)
     if missing:
