@@ -227,9 +227,14 @@ def generate(program: HostProgram, launchers: Mapping[str, Callable] | None = No
 def load(program: HostProgram, launchers: Mapping[str, Callable],
          check_inputs: bool = False) -> Callable[[list], list]:
     """The program as a Python function of a list of arguments (which it clears)."""
+    return load_with_source(program, launchers, check_inputs)[0]
+
+
+def load_with_source(program: HostProgram, launchers: Mapping[str, Callable],
+                     check_inputs: bool = False) -> tuple[Callable[[list], list], str]:
     missing = sorted({ins.kernel for ins in program.body if isinstance(ins, Launch)} - set(launchers))
     if missing:
         raise ValueError(f"kiln: no launcher for kernels {missing} of the host program")
     source, scope = generate(program, launchers, check_inputs)
     exec(compile(source, "<kiln host program>", "exec"), scope)
-    return scope["call"]
+    return scope["call"], source

@@ -136,7 +136,8 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             for root in step.roots:
                 b.body.append(Alloc(buffer_names[root], root.shape, layouts(root), root.dtype))
             if kern.outer_numel > 0:  # an empty output needs no kernel
-                launched.setdefault(kern.name, kernel_digest(kern))
+                if kern.name not in launched:
+                    launched[kern.name] = kernel_digest(kern)
                 args = tuple(a for a in kern.args if a != ERROR_PARAM)
                 writes = tuple(a for a, p in zip(kern.args, kern.params)
                                if p.is_output and a != ERROR_PARAM)

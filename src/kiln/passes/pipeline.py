@@ -13,9 +13,9 @@
                 the outputs in eager's layouts
     memory      temporaries into reused slots (a per-thread arena on the CPU), frees after
                 last reads
-    codegen     the backend's source for each kernel (C++ or Triton), Python for the host
-                program
-    build       compile kernels (cached on disk by content), load them and the host program
+    codegen     the backend's source for each kernel (C++ or Triton)
+    build       compile kernels (cached on disk by content), load them; the host program's
+                Python, generated with the launchers bound by kernel name
 
 The backend (codegen/backends.py) is chosen by target and device; passes above codegen
 only read its capabilities.
@@ -142,12 +142,12 @@ def compile_graph(
         t.summary = plan.summary()
     with _Timer(report, "codegen") as t:
         report.sources = {kern.name: backend.render(kern) for kern in report.kernels}
-        report.host_source = host_codegen.generate(host)[0]
         t.summary = f"{sum(len(s) for s in report.sources.values())} bytes of {backend.language}"
     with _Timer(report, "build") as t:
         kern_list = report.kernels
         launchers, report.cache_hits = backend.build(kern_list, [report.sources[k.name] for k in kern_list])
-        call = host_codegen.load(host, {kern.name: launch for kern, launch in zip(kern_list, launchers)})
+        by_name = {kern.name: launch for kern, launch in zip(kern_list, launchers)}
+        call, report.host_source = host_codegen.load_with_source(host, by_name)
         t.summary = f"{len(launchers) - report.cache_hits} compiled, {report.cache_hits} from cache"
     return call, report
 
