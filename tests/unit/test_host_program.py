@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import pytest
 import torch
@@ -268,3 +269,29 @@ def test_without_an_arena_a_slot_is_its_first_buffer_viewed_again():
     assert View("t3", "t1", (4, 4), (4, 1), 0) in planned.body
     x = torch.randn(4, 4)
     torch.testing.assert_close(_run(planned, x)[0], x.t() * 64)
+
+
+def _row_kernels(x):
+    """Temporaries only kernels read: softmax rows, a layer norm, a column scan."""
+    y = torch.softmax(x * 2, -1)
+    return (torch.layer_norm(y + x, (16,)).cumsum(0) * y).sum(0)
+
+
+def test_temporaries_only_kernels_read_are_passed_by_their_slots_address_in_each_thread():
+    report = _compiled_report(_row_kernels, torch.randn(8, 16))
+    assert "arena_address[0]" in report.host_source and "as_strided(arena[0]" not in report.host_source
+    call = host_codegen.load(report.host_program, _launchers(report))
+    inputs = [torch.randn(8, 16) for _ in range(4)]
+    results: dict[int, list] = {}
+
+    def work(k: int) -> None:
+        results[k] = [call([inputs[k]]) for _ in range(20)]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, outs in results.items():
+        for out in outs:
+            assert_same(out[0], _row_kernels(inputs[k]))

@@ -30,6 +30,7 @@ from kiln.ir.host import (
     Restride,
     Return,
     View,
+    reads,
     refs,
     resolve_op,
     size_str,
@@ -45,6 +46,7 @@ class _Emitter:
         self.program = program
         self.lines: list[str] = []
         self.globals: dict[str, Any] = {"torch": torch, "device": torch.device(program.device)}
+        self.slot_address = _slot_addresses(program)
 
     def bind(self, prefix: str, value: Any) -> str:
         """A global holding value (one per distinct object)."""
@@ -86,7 +88,19 @@ def _literal(e: _Emitter, v: Any) -> str:
     return e.bind("lit", v)
 
 
+def _slot_addresses(program: HostProgram) -> dict[str, int]:
+    """Arena buffers that only kernels taking addresses read or write, by slot: they need no
+    tensor, only the slot's address (the same for every call of a thread)."""
+    if program.launch_abi != "pointers":
+        return {}
+    in_slots = {i.out: i.slot for i in program.body if isinstance(i, Alloc) and i.slot is not None}
+    used_otherwise = {name for i in program.body if not isinstance(i, Launch) for name in reads(i)}
+    return {name: slot for name, slot in in_slots.items() if name not in used_otherwise}
+
+
 def _alloc(e: _Emitter, i: Alloc) -> None:
+    if i.out in e.slot_address:
+        return
     if i.slot is not None:
         e.helper("as_strided", torch.as_strided)
         e.emit(f"{i.out} = as_strided(arena[{i.slot}], {_shape(i.shape)}, {_shape(i.stride)})")
@@ -106,7 +120,8 @@ def _view(e: _Emitter, i: View) -> None:
 def _launch(e: _Emitter, i: Launch, launchers: Mapping[str, Callable] | None) -> None:
     e.globals[i.kernel] = launchers[i.kernel] if launchers is not None else None
     if e.program.launch_abi == "pointers":
-        args = [f"{a}.data_ptr()" for a in i.args]
+        args = [f"arena_address[{e.slot_address[a]}]" if a in e.slot_address else f"{a}.data_ptr()"
+                for a in i.args]
         if i.errors:
             args.append(f"errors.data_ptr() + {i.errors[0] * 8}")
         e.emit(f"{i.kernel}({', '.join(args)})")
@@ -211,7 +226,7 @@ def generate(program: HostProgram, launchers: Mapping[str, Callable] | None = No
             e.emit(f"check_input({spec.name}, {e.bind('input_spec', spec)})")
     if program.arena:
         e.helper("arena_for_thread", host_ops.thread_arena(program.arena, torch.device(program.device)))
-        e.emit("arena = arena_for_thread()")
+        e.emit("arena, arena_address = arena_for_thread()")
     if program.checks:
         e.helper("zeros", torch.zeros)
         e.helper("checks", program.checks)

@@ -45,16 +45,17 @@ def checks_message(checks: tuple[Check, ...]) -> str:
     return "kiln: a run-time check failed in a compiled program (" + ", ".join(map(str, checks)) + ")"
 
 
-def thread_arena(slots: tuple[Slot, ...], device: torch.device) -> Callable[[], list]:
-    """Per-thread storage for the temporaries' slots, allocated on a thread's first call."""
+def thread_arena(slots: tuple[Slot, ...], device: torch.device) -> Callable[[], tuple[list, list]]:
+    """Per-thread storage for the temporaries' slots, allocated on a thread's first call, and
+    the slots' addresses."""
     local = threading.local()
 
-    def get() -> list:
-        storage = getattr(local, "slots", None)
-        if storage is None:
-            storage = local.slots = [torch.empty(max(s.extent, 1), dtype=s.dtype, device=device)
-                                     for s in slots]
-        return storage
+    def get() -> tuple[list, list]:
+        arena = getattr(local, "arena", None)
+        if arena is None:
+            storage = [torch.empty(max(s.extent, 1), dtype=s.dtype, device=device) for s in slots]
+            arena = local.arena = (storage, [t.data_ptr() for t in storage])
+        return arena
 
     return get
 
