@@ -124,6 +124,8 @@ def test_round_trip_through_json_gives_an_equal_program_and_text():
     again = _through_json(program)
     assert again == program
     assert str(again) == str(program)
+    changed = HostProgram(**{**program.__dict__, "constants": {"const0": torch.randn(4, 4)}})
+    assert str(changed) != str(program)  # the text (a cache key) covers constants' values
     assert set(again.constants) == {"const0"}
     assert torch.equal(again.constants["const0"], program.constants["const0"])
     inf_call = again.body[4]

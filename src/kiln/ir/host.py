@@ -14,6 +14,7 @@ Buffers are named ("arg0", "buf3", "out0"); an instruction refers to buffers by 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import io
 from dataclasses import dataclass, field
@@ -311,9 +312,16 @@ def instr_str(ins: Instr) -> str:
     return _INSTR_TEXT[type(ins)](ins)
 
 
+def tensor_digest(t: torch.Tensor) -> str:
+    """A digest of a tensor's values: the text of two programs differs where a constant does."""
+    data = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
 def _constant_str(value: Any) -> str:
     if isinstance(value, torch.Tensor):
-        return f"tensor {_layout_str(value.dtype, tuple(value.shape), tuple(value.stride()))}"
+        layout = _layout_str(value.dtype, tuple(value.shape), tuple(value.stride()))
+        return f"tensor {layout} {tensor_digest(value)}"
     return f"object {type(value).__name__}"
 
 
