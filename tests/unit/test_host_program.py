@@ -155,6 +155,20 @@ def test_bad_serialized_programs_are_refused_with_the_reason():
         host_codegen.load(program, {})
 
 
+def test_constants_inside_argument_lists_are_passed_as_their_values():
+    a, b = torch.randn(2, 3), torch.randn(2, 3)
+    body = (
+        CallAten("buf0", "aten::cat.default", ([ConstRef("const0"), ConstRef("const1")], 1), may_alias=False),
+        CallAten("buf1", "aten::stack.default", ([Ref("arg0"), ConstRef("const1")],), may_alias=False),
+        Return((Ref("buf0"), Ref("buf1"))),
+    )
+    program = HostProgram("cpu", "pointers", 1, (), body, constants={"const0": a, "const1": b})
+    x = torch.randn(2, 3)
+    cat, stack = host_codegen.load(_through_json(program), {})([x])
+    assert_same(cat, torch.cat([a, b], 1))
+    assert_same(stack, torch.stack([x, b]))
+
+
 def test_ops_are_found_again_by_their_qualified_names():
     for op in (torch.ops.aten.add.Tensor, torch.ops.aten.mm.default, torch.ops.aten.split.Tensor):
         assert resolve_op(op_name(op)) is op

@@ -85,7 +85,18 @@ def _literal(e: _Emitter, v: Any) -> str:
         return repr(v)
     if isinstance(v, float) and v == v and v not in (float("inf"), float("-inf")):
         return repr(v)
-    return e.bind("lit", v)
+    return e.bind("lit", _value(e, v))
+
+
+def _value(e: _Emitter, v: Any) -> Any:
+    """A literal without buffers in it as the object it stands for (constants resolved)."""
+    if isinstance(v, ConstRef):
+        return e.program.constants[v.name]
+    if isinstance(v, list):
+        return [_value(e, x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_value(e, x) for x in v)
+    return v
 
 
 def _slot_addresses(program: HostProgram) -> dict[str, int]:
