@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 
@@ -66,8 +67,13 @@ slot 0 : f32[128]
   return (buf7, out1)"""
 
 
-def _compiled_report(fn, *args):
-    out, report = run_compiled(fn, *args, target="cpp")
+# Triton launchers take tensors; without a GPU they run in Triton's interpreter only
+TARGETS = ["cpp", pytest.param("triton", marks=pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton on the CPU needs TRITON_INTERPRET=1"))]
+
+
+def _compiled_report(fn, *args, target: str = "cpp"):
+    out, report = run_compiled(fn, *args, target=target)
     assert_same(out, fn(*args))
     return report
 
@@ -187,12 +193,14 @@ def _gather_and_constant(x, i):
     return torch.index_select(x, 0, i).sum(1), x.new_tensor([1.0, 2.0, 3.0]) * x[0, :3], x.t() * 2
 
 
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("fn, make_inputs", [
     (_kernel_aten_view, lambda: (torch.randn(8, 16), torch.randn(16, 4))),
     (_gather_and_constant, lambda: (torch.randn(8, 5), torch.randint(0, 8, (6,)))),
 ])
-def test_a_program_rebuilt_from_json_runs_like_eager(fn, make_inputs):
-    report = _compiled_report(fn, *make_inputs())
+def test_a_program_rebuilt_from_json_runs_like_eager(fn, make_inputs, target):
+    report = _compiled_report(fn, *make_inputs(), target=target)
+    assert report.host_program.launch_abi == ("pointers" if target == "cpp" else "tensors")
     program = _through_json(report.host_program)
     assert str(program) == str(report.host_program)
     call = host_codegen.load(program, _launchers(report), check_inputs=True)
