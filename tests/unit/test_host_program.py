@@ -265,6 +265,8 @@ def test_the_memory_pass_reuses_a_dead_buffers_slot():
     assert slots["t3"] == slots["t1"] != slots["t2"]  # t1 is dead once t2 is computed
     assert slots["t6"] in (slots["t1"], slots["t2"])
     assert plan.reused == 2 and planned.arena == (Slot(torch.float32, 16),) * 2
+    with pytest.raises(ValueError, match="planned already"):
+        plan_memory(planned)
     assert Free("arg0") in planned.body and Free("t5") in planned.body
     x = torch.randn(4, 4)
     first = _run(planned, x.clone())

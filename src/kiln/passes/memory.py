@@ -74,6 +74,9 @@ def _returned(body: tuple[Instr, ...]) -> set[str]:
 def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostProgram, MemoryPlan]:
     """The program with temporaries in slots and frees after last reads. arena: keep the slots
     across calls (default: on the CPU)."""
+    if program.arena or any(isinstance(i, Free) or (isinstance(i, Alloc) and i.slot is not None)
+                            for i in program.body):
+        raise ValueError("kiln: the host program's memory is planned already (it has slots or frees)")
     if arena is None:
         arena = torch.device(program.device).type == "cpu"
     body = program.body
