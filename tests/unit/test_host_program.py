@@ -16,6 +16,7 @@ from kiln.codegen import host as host_codegen
 from kiln.codegen.backends import get_backend
 from kiln.ir.checks import Check
 from kiln.ir.host import (
+    NAN,
     Alloc,
     CallAten,
     CheckErrors,
@@ -101,6 +102,7 @@ def _every_instruction() -> HostProgram:
                  (("dtype", torch.float16), ("layout", torch.strided), ("device", torch.device("cpu")),
                   ("pin_memory", False)), may_alias=False),
         CallAten("buf5", "aten::add.Tensor", (Ref("buf2"), ConstRef("const0")), (("alpha", -0.5),)),
+        CallAten("buf12", "aten::fill.Scalar", (Ref("buf2"), NAN), may_alias=False),
         CallAten("buf6", "aten::split.Tensor", (Ref("buf5"), 2)),
         CallAten("buf10", "aten::clone.default", (Ref("buf5"),),
                  (("memory_format", torch.contiguous_format),), may_alias=False),
@@ -134,9 +136,9 @@ def test_round_trip_through_json_gives_an_equal_program_and_text():
     assert str(changed) != str(program)  # the text (a cache key) covers constants' values
     assert set(again.constants) == {"const0"}
     assert torch.equal(again.constants["const0"], program.constants["const0"])
-    inf_call = again.body[4]
-    assert inf_call.args[1] == float("inf") and dict(inf_call.kwargs)["dtype"] is torch.float16
-    assert isinstance(again.body[8].args[0], list)  # lists stay lists, tuples tuples
+    calls = {i.out: i for i in again.body if isinstance(i, CallAten)}
+    assert calls["buf4"].args[1] == float("inf") and dict(calls["buf4"].kwargs)["dtype"] is torch.float16
+    assert isinstance(calls["buf11"].args[0], list)  # lists stay lists, tuples tuples
 
 
 def test_a_program_with_an_unnamed_callable_runs_but_does_not_serialize():

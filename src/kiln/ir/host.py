@@ -384,8 +384,17 @@ def _torch_attr(name: str) -> Any:
     return getattr(torch, name)
 
 
+# One NaN object for every NaN literal: NaN != NaN, but containers compare items by identity
+# first, so programs with NaN literals stay equal after a round trip.
+NAN = float("nan")
+
+
+def canonical(value: Any) -> Any:
+    return NAN if isinstance(value, float) and value != value else value
+
+
 _TAGGED_TYPES = {  # type -> (tag, encode, decode)
-    float: ("float", repr, float),
+    float: ("float", repr, lambda text: canonical(float(text))),
     torch.dtype: ("dtype", _torch_name, _torch_attr),
     torch.device: ("device", str, torch.device),
     torch.layout: ("layout", _torch_name, _torch_attr),

@@ -29,6 +29,7 @@ from kiln.ir.host import (
     Restride,
     Return,
     View,
+    canonical,
     is_literal,
     op_name,
 )
@@ -61,7 +62,7 @@ class _Builder:
             return [self.literal(x, argnames) for x in a]
         if isinstance(a, tuple):
             return tuple(self.literal(x, argnames) for x in a)
-        return a if is_literal(a) else self.constant(a)
+        return canonical(a) if is_literal(a) else self.constant(a)
 
     def view(self, out: str, a: Alias, names: dict[Node, str]) -> str:
         # an empty view addresses nothing: its offset (a flip's n - 1 of a size-0 dim is -1)
@@ -193,7 +194,7 @@ def _outputs(b: _Builder) -> list[Any]:
     copies: dict[tuple[int, Node], str] = {}
     for position, o in enumerate(graph.outputs):
         if not isinstance(o, Node):
-            values.append(o if is_literal(o) else b.constant(o))
+            values.append(canonical(o) if is_literal(o) else b.constant(o))
             continue
         want = eager_strides[position]
         out = f"out{position}"
