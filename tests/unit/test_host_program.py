@@ -323,3 +323,12 @@ def test_temporaries_only_kernels_read_are_passed_by_their_slots_address_in_each
     for k, outs in results.items():
         for out in outs:
             assert_same(out[0], _row_kernels(inputs[k]))
+
+
+def test_an_aten_result_of_another_rank_than_its_shape_function_is_pytorchs_error():
+    from kiln import errors
+    from kiln.runtime import host_ops
+
+    with pytest.raises(errors.MetaMismatch, match="returned a 0-d result"):
+        host_ops.restride(torch.tensor(1.0), (1,))
+    assert_same(host_ops.restride(torch.randn(3, 4), (1, 3)).stride(), (1, 3))

@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from kiln import errors
 from kiln.ir.checks import SLOTS_PER_CHECK, Check
 from kiln.ir.host import InputSpec, Slot, extent
 
@@ -17,6 +18,9 @@ def restride(t: torch.Tensor, stride: tuple[int, ...], dtype: torch.dtype | None
     than their meta function says). A layout that repeats elements along stride-0 dims (a
     broadcast) is filled from one slice along them and expanded: no copy can write one
     element twice."""
+    if len(stride) != t.dim():
+        raise errors.MetaMismatch(f"an ATen op returned a {t.dim()}-d result of shape {tuple(t.shape)} "
+                                  f"where PyTorch's shape function gives {len(stride)} dims")
     dtype = dtype or t.dtype
     broadcast = [d for d, (n, st) in enumerate(zip(t.shape, stride)) if st == 0 and n > 1]
     if broadcast:
