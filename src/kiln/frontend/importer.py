@@ -170,6 +170,10 @@ class _TensorConstant:
     def __call__(self) -> torch.Tensor:
         return self.value.clone()
 
+    def as_aten(self) -> tuple[Any, tuple]:
+        """The same call as an ATen op and its arguments (how the host program writes it)."""
+        return torch.ops.aten.clone.default, (self.value,)
+
     def __str__(self) -> str:
         return f"tensor_constant{list(self.value.shape)}"
 

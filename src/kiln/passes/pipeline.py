@@ -9,9 +9,13 @@
     fuse        kernels: element-wise inlined, reductions fused into consumers, merges
     kernelize   kernel IR for each kernel (a reduction read off its row is stored instead);
                 kernels with the same text share one name and one build
-    codegen     the backend's source for each kernel (C++ or Triton), Python source for the
-                host program
-    build       compile kernels (cached on disk by content), load them
+    host        the host program as data (ir/host.py): allocations, launches, ATen calls,
+                the outputs in eager's layouts
+    memory      temporaries into reused slots (a per-thread arena on the CPU), frees after
+                last reads
+    codegen     the backend's source for each kernel (C++ or Triton)
+    build       compile kernels (cached on disk by content), load them; the host program's
+                Python, generated with the launchers bound by kernel name
 
 The backend (codegen/backends.py) is chosen by target and device; passes above codegen
 only read its capabilities.
@@ -29,16 +33,19 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
+from kiln.codegen import host as host_codegen
 from kiln.codegen.backends import Backend
-from kiln.codegen.wrapper import build_host_program
 from kiln.frontend.addmm import split_launch_bound_addmm
 from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
+from kiln.ir.host import HostProgram
 from kiln.ir.kernel import Kernel, kernel_str
 from kiln.ir.tensor import Graph, Node, Op
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, plan_stores, schedule
+from kiln.passes.host_plan import build_host_program
 from kiln.passes.kernelize import emit_kernel
 from kiln.passes.layout import Layouts
+from kiln.passes.memory import plan_memory
 from kiln.passes.simplify import all_rules, simplify
 from kiln.passes.split_reductions import split_reductions
 
@@ -59,7 +66,8 @@ class CompileReport:
     fallbacks: dict[str, str] = field(default_factory=dict)
     kernels: list[Kernel] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
-    host_source: str = ""
+    host_program: HostProgram | None = None
+    host_source: str = ""  # the Python generated from host_program
     cache_hits: int = 0
     partition: Any = None  # a training forward's PartitionSummary: what it saves, what is recomputed
 
@@ -123,20 +131,25 @@ def compile_graph(
         report.kernels = list({k.name: k for k in kernels.values()}.values())  # distinct kernels
         externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
         t.summary = f"{len(kernels)} kernels, {externs} ATen calls"
-    with _Timer(report, "codegen") as t:
+    with _Timer(report, "host") as t:
         names = buffer_names_for(graph, sched.stored)
-        report.sources = {kern.name: backend.render(kern) for kern in report.kernels}
         device = graph_device(example_inputs)
         host = build_host_program(sched, kernels, names, layouts, device, backend.pass_pointers)
-        report.host_source = host.source
+        t.summary = f"{len(host.body)} instructions"
+    with _Timer(report, "memory") as t:
+        host, plan = plan_memory(host)
+        report.host_program = host
+        t.summary = plan.summary()
+    with _Timer(report, "codegen") as t:
+        report.sources = {kern.name: backend.render(kern) for kern in report.kernels}
         t.summary = f"{sum(len(s) for s in report.sources.values())} bytes of {backend.language}"
     with _Timer(report, "build") as t:
         kern_list = report.kernels
         launchers, report.cache_hits = backend.build(kern_list, [report.sources[k.name] for k in kern_list])
-        for kern, launch in zip(kern_list, launchers):
-            host.globals[kern.name] = launch
+        by_name = {kern.name: launch for kern, launch in zip(kern_list, launchers)}
+        call, report.host_source = host_codegen.load_with_source(host, by_name)
         t.summary = f"{len(launchers) - report.cache_hits} compiled, {report.cache_hits} from cache"
-    return host.load(), report
+    return call, report
 
 
 def _fuse_and_kernelize(

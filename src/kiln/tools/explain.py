@@ -45,6 +45,8 @@ def report_text(report: CompileReport, show_kernels: bool = False, show_source: 
     if show_kernels:
         lines.append("")
         lines.extend(kernel_str(k) + "\n" for k in report.kernels)
+        if report.host_program is not None:
+            lines.append(str(report.host_program) + "\n")
     if show_source:
         lines.append(report.host_source)
         for name, src in report.sources.items():  # C++ from its entry point; Triton whole

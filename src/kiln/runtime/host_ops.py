@@ -1,0 +1,88 @@
+"""Helpers the generated host program calls (codegen/host.py): layout fix-ups, copies, the
+per-thread arena, error reports and input checks."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import torch
+
+from kiln import errors
+from kiln.ir.checks import SLOTS_PER_CHECK, Check
+from kiln.ir.host import InputSpec, Slot, extent
+
+
+def restride(t: torch.Tensor, stride: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """t in new memory with these strides (and dtype: some ATen kernels return another dtype
+    than their meta function says). A layout that repeats elements along stride-0 dims (a
+    broadcast) is filled from one slice along them and expanded: no copy can write one
+    element twice."""
+    if len(stride) != t.dim():
+        raise errors.MetaMismatch(f"an ATen op returned a {t.dim()}-d result of shape {tuple(t.shape)} "
+                                  f"where PyTorch's shape function gives {len(stride)} dims")
+    dtype = dtype or t.dtype
+    broadcast = [d for d, (n, st) in enumerate(zip(t.shape, stride)) if st == 0 and n > 1]
+    if broadcast:
+        one = t[tuple(slice(0, 1) if d in broadcast else slice(None) for d in range(t.dim()))]
+        return restride(one, stride, dtype).expand(t.shape)
+    out = torch.empty_strided(t.shape, stride, dtype=dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+def copy_memory(t: torch.Tensor) -> torch.Tensor:
+    """A copy of the memory t spans, in t's layout (overlapping strides included), so that
+    views of t rebuilt on it from t's strides and offsets address the same values."""
+    flat = torch.as_strided(t, (extent(t.shape, t.stride()),), (1,), t.storage_offset()).clone()
+    return torch.as_strided(flat, t.shape, t.stride(), 0)
+
+
+def raise_reported(errors: torch.Tensor, checks: tuple[Check, ...]) -> None:
+    """Raise what the first check that reported an error says, as eager would have."""
+    for check, (flag, value) in zip(checks, errors.view(-1, SLOTS_PER_CHECK).tolist()):
+        if flag:
+            raise check.error(value)
+
+
+def checks_message(checks: tuple[Check, ...]) -> str:
+    return "kiln: a run-time check failed in a compiled program (" + ", ".join(map(str, checks)) + ")"
+
+
+def thread_arena(slots: tuple[Slot, ...], device: torch.device) -> Callable[[], tuple[list, list]]:
+    """Per-thread storage for the temporaries' slots, allocated on a thread's first call, and
+    the slots' addresses."""
+    local = threading.local()
+
+    def get() -> tuple[list, list]:
+        arena = getattr(local, "arena", None)
+        if arena is None:
+            storage = [torch.empty(max(s.extent, 1), dtype=s.dtype, device=device) for s in slots]
+            arena = local.arena = (storage, [t.data_ptr() for t in storage])
+        return arena
+
+    return get
+
+
+def check_arg_count(args: list, expected: int) -> None:
+    if len(args) != expected:
+        raise TypeError(f"kiln: the compiled program takes {expected} arguments, got {len(args)}")
+
+
+def check_input(t, spec: InputSpec) -> None:
+    """Raise a clear error where an input is not what the compiled code relies on: a tensor
+    of spec's dtype, sizes and device, with its strides wherever a dimension has more than one
+    element (a size-1 dimension's stride never addresses memory)."""
+    where = f"kiln: input {spec.position} ({spec.name})"
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{where} must be a tensor, got {type(t).__name__}")
+    if t.dtype != spec.dtype:
+        raise TypeError(f"{where} has dtype {t.dtype}, the compiled program expects {spec.dtype}")
+    if t.dim() != len(spec.shape):
+        raise ValueError(f"{where} has {t.dim()} dimensions, the compiled program expects {len(spec.shape)}")
+    if tuple(t.shape) != tuple(spec.shape):
+        raise ValueError(f"{where} has sizes {tuple(t.shape)}, the compiled program expects {spec.shape}")
+    if any(n > 1 and a != b for n, a, b in zip(spec.shape, t.stride(), spec.stride)):
+        raise ValueError(f"{where} has strides {t.stride()}, the compiled program expects {spec.stride}")
+    if t.device != torch.device(spec.device):
+        raise ValueError(f"{where} is on {t.device}, the compiled program expects {spec.device}")
