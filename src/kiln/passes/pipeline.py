@@ -9,6 +9,7 @@
     fuse        kernels: element-wise inlined, reductions fused into consumers, merges
     kernelize   kernel IR for each kernel (a reduction read off its row is stored instead);
                 kernels with the same text share one name and one build
+    overlap     collectives issued as early as their inputs allow, waited for where needed
     host        the host program as data (ir/host.py): allocations, launches, ATen calls,
                 the outputs in eager's layouts
     memory      temporaries into reused slots (a per-thread arena on the CPU), frees after
@@ -46,6 +47,7 @@ from kiln.passes.host_plan import build_host_program
 from kiln.passes.kernelize import emit_kernel
 from kiln.passes.layout import Layouts
 from kiln.passes.memory import plan_memory
+from kiln.passes.overlap import overlap_communication
 from kiln.passes.simplify import all_rules, simplify
 from kiln.passes.split_reductions import split_reductions
 
@@ -131,8 +133,12 @@ def compile_graph(
         report.kernels = list({k.name: k for k in kernels.values()}.values())  # distinct kernels
         externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
         t.summary = f"{len(kernels)} kernels, {externs} ATen calls"
+    names = buffer_names_for(graph, sched.stored)
+    with _Timer(report, "overlap") as t:
+        moved = overlap_communication(sched, kernels, names)
+        sched.decisions.extend(moved)
+        t.summary = f"{len(moved)} collectives or waits moved to overlap computation"
     with _Timer(report, "host") as t:
-        names = buffer_names_for(graph, sched.stored)
         device = graph_device(example_inputs)
         host = build_host_program(sched, kernels, names, layouts, device, backend.pass_pointers)
         t.summary = f"{len(host.body)} instructions"
