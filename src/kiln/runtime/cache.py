@@ -128,7 +128,7 @@ def sweep_stale_temps(root: Path, older_than: float = STALE_TEMP_SECONDS) -> int
         for temp in folder.glob(f"*{TEMP_SUFFIX}"):
             try:
                 if now - temp.lstat().st_mtime > older_than:
-                    _remove(temp)
+                    remove(temp)
                     removed += 1
             except OSError:
                 pass
@@ -245,7 +245,7 @@ def check(e: Entry) -> str | None:
     return None
 
 
-def _remove(path: Path) -> None:
+def remove(path: Path) -> None:
     """Remove a file or folder: folders are renamed away first, so no reader sees one half gone."""
     if path.is_dir() and not path.is_symlink():
         away = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
@@ -262,7 +262,7 @@ def _remove(path: Path) -> None:
 def discard(e: Entry, reason: str) -> None:
     """Remove a bad entry, with the one warning that says why it is rebuilt."""
     log.warning("kiln: cached %s %s is %s; rebuilding it", e.kind, e.path, reason)
-    _remove(e.path)
+    remove(e.path)
     with contextlib.suppress(OSError):
         e.record.unlink()
 
@@ -296,7 +296,7 @@ def _publish(e: Entry, built: Path) -> None:
               "components": e.components, "created": time.time()}
     write_atomic(e.record, json.dumps(record, indent=1))
     if e.path.is_dir():  # a folder cannot replace a folder: remove the old (bad) one first
-        _remove(e.path)
+        remove(e.path)
     os.replace(built, e.path)
 
 
@@ -337,8 +337,8 @@ def _load_or_build(e: Entry, build: Callable[[Path], None]) -> tuple[Path, bool]
             _publish(e, temp)
         finally:
             if temp.exists():
-                _remove(temp)
-    journal("miss", e, problem)
+                remove(temp)
+    journal("miss", e, "not in the cache" if problem == "missing" else problem)
     return e.path, False
 
 
@@ -359,7 +359,8 @@ def write_atomic(path: Path, data: str) -> None:
 
 def journal(event: str, e: Entry, reason: str = "") -> None:
     """Append one line (atomic for lines this short with O_APPEND); never fails a compile."""
-    line = {"t": round(time.time(), 3), "event": event, "kind": e.kind, "file": e.path.name}
+    line = {"t": round(time.time(), 3), "event": event, "kind": e.kind, "dir": e.path.parent.name,
+            "file": e.path.name}
     if reason:
         line["reason"] = reason
     try:
