@@ -99,7 +99,7 @@ def _compile_unit(kernels: list[tuple[str, str, int]]) -> list[BuildResult]:
     entry = _unit_entry(source, prelude_key, names)
 
     def build(lib: Path) -> None:
-        src_path = entry.path.with_suffix(".cpp")  # kept beside the library for people to read
+        src_path = lib.parent / f"{entry.path.stem}.cpp"  # kept beside the library for people to read
         cache.write_atomic(src_path, source)
         _run([cxx(), *FLAGS, "-shared", f"-I{include}", str(src_path), "-o", str(lib), *LIBS],
              f"kernels {', '.join(names)}")
