@@ -142,6 +142,31 @@ def test_a_directory_that_stops_taking_writes_means_a_private_cache(root, caplog
     assert "No space left" in warning
 
 
+def test_a_compiler_failing_on_a_full_disk_means_a_private_cache(root, monkeypatch, caplog):
+    e = text_entry("z")
+    cache.cache_root()
+    free = iter([1024])  # the disk is full when the compiler fails, not afterwards
+
+    def compiler(path: Path) -> None:
+        if not path.is_relative_to(root):
+            return path.write_text("z")
+        monkeypatch.setattr(cache, "_free_bytes", lambda _: next(free, 1 << 40))
+        raise RuntimeError("g++: fatal error: cannot write output")
+
+    path, cached = cache.load_or_build(e, compiler)
+    assert not cached and path.read_text() == "z" and not path.is_relative_to(root)
+    (warning,) = cache_warnings(caplog)
+    assert "disk is full" in warning
+
+
+def test_a_real_build_error_is_raised_as_is(root):
+    def compiler(path: Path) -> None:
+        raise RuntimeError("g++ rejected the kernel")
+
+    with pytest.raises(RuntimeError, match="rejected"):
+        cache.load_or_build(text_entry("bad"), compiler)
+
+
 def test_keys_differ_in_every_component():
     base = cache.key_components(source="s", flags="-O3")
     assert cache.key_of(base) == cache.key_of(dict(base))

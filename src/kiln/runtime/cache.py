@@ -310,13 +310,23 @@ def load_or_build(e: Entry, build: Callable[[Path], None]) -> tuple[Path, bool]:
     the cache directory stops taking writes, the entry is built in a private one."""
     try:
         return _load_or_build(e, build)
-    except OSError as err:
-        if err.errno not in _DIRECTORY_ERRORS:
+    except Exception as err:
+        reason = _directory_failure(err, e.path.parent)
+        if reason is None:
             raise
-        root = give_up_root(err.strerror or str(err))
+        root = give_up_root(reason)
     folder = root / e.path.parent.name
     folder.mkdir(parents=True, exist_ok=True)
     return _load_or_build(Entry(e.kind, e.key, folder / e.path.name, e.components), build)
+
+
+def _directory_failure(err: Exception, folder: Path) -> str | None:
+    """Why the cache directory, not the build, made err; None when it did not. A compiler
+    that could not write its output (a full disk) reports a build error, so the directory
+    is probed again."""
+    if isinstance(err, OSError) and err.errno in _DIRECTORY_ERRORS:
+        return err.strerror or str(err)
+    return _unusable_reason(folder)
 
 
 def _load_or_build(e: Entry, build: Callable[[Path], None]) -> tuple[Path, bool]:
