@@ -167,6 +167,16 @@ def test_a_real_build_error_is_raised_as_is(root):
         cache.load_or_build(text_entry("bad"), compiler)
 
 
+def test_a_file_where_a_kind_folder_belongs_means_a_private_cache(root, caplog):
+    root.mkdir()
+    (root / "test").write_text("in the way")
+    e = text_entry("w")
+    path, cached = cache.load_or_build(e, write("w"))
+    assert not cached and path.read_text() == "w" and not path.is_relative_to(root)
+    (warning,) = cache_warnings(caplog)
+    assert "folder test cannot be made" in warning
+
+
 def test_keys_differ_in_every_component():
     base = cache.key_components(source="s", flags="-O3")
     assert cache.key_of(base) == cache.key_of(dict(base))

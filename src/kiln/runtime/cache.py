@@ -117,14 +117,22 @@ def give_up_root(reason: str) -> Path:
 
 def cache_dir(kind: str) -> Path:
     path = cache_root() / kind
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file where the folder should be, or the directory turned read-only
+        path = give_up_root(f"its folder {kind} cannot be made: {e.strerror or e}") / kind
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def sweep_stale_temps(root: Path, older_than: float = STALE_TEMP_SECONDS) -> int:
     """Remove the temporary files and folders of compiles killed midway; the number removed."""
     removed, now = 0, time.time()
-    for folder in [root, *(p for p in root.iterdir() if p.is_dir() and not p.name.endswith(TEMP_SUFFIX))]:
+    try:
+        folders = [root, *(p for p in root.iterdir() if p.is_dir() and not p.name.endswith(TEMP_SUFFIX))]
+    except OSError:
+        return 0
+    for folder in folders:
         for temp in folder.glob(f"*{TEMP_SUFFIX}"):
             try:
                 if now - temp.lstat().st_mtime > older_than:
