@@ -4,8 +4,7 @@ The kernels of a graph are spread over one translation unit per core; each unit 
 shared library named by the hash of its source, the prelude, flags, compiler and CPU, and
 is loaded with ctypes (no torch headers) once the cache has checked it (runtime/cache.py).
 The prelude is a precompiled header built once per machine, so a unit costs little more
-than its kernels. A second process finds the
-libraries on disk and compiles nothing.
+than its kernels. A second process finds the libraries on disk and compiles nothing.
 """
 
 from __future__ import annotations
