@@ -225,6 +225,14 @@ def test_cache_clear_older_than_keeps_recent_entries(root, capsys):
     assert "cleared" in capsys.readouterr().out
 
 
+def test_cache_command_on_a_cache_dir_that_is_a_file(root, capsys):
+    root.parent.mkdir(exist_ok=True)
+    root.write_text("a file")
+    assert kiln_main(["cache", "ls"]) == 0 and kiln_main(["cache", "clear"]) == 0
+    assert capsys.readouterr().out.count("not a directory") == 2
+    assert root.read_text() == "a file"
+
+
 def test_import_kiln_does_not_import_dynamo():
     code = ("import sys, kiln; bad = [m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules]; "
             "assert not bad, bad")

@@ -69,6 +69,8 @@ def _name(e: CachedEntry) -> str:
 
 
 def ls(root: Path) -> str:
+    if root.exists() and not root.is_dir():
+        return f"{root} is not a directory: kiln compiles into a private temporary cache"
     found = entries(root)
     if not found:
         return f"{root}: no entries"
@@ -109,6 +111,8 @@ def why(root: Path, count: int = 5) -> str:
             out.append("  its entry is no longer in the cache")
             continue
         others = [e for e in found if e.kind == missed.kind and e.key != missed.key]
+        # what the cache held when it missed, when any of it is left
+        others = [e for e in others if e.created < missed.created] or others
         if not others:
             out.append(f"  no other {missed.kind} entry to compare with")
             continue
@@ -122,6 +126,8 @@ def why(root: Path, count: int = 5) -> str:
 
 def clear(root: Path, older_than_days: float | None = None) -> str:
     """Remove everything, or only the entries not used for older_than_days."""
+    if not root.is_dir():
+        return f"nothing to clear: {root} is not a directory"
     if older_than_days is None:
         shutil.rmtree(root, ignore_errors=True)
         return f"cleared {root}"
