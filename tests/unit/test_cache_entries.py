@@ -241,10 +241,15 @@ def test_import_kiln_does_not_import_dynamo():
 
 
 BACKEND_BY_NAME = """
-import sys, torch
-if sys.argv[1] == "import kiln first":
+import importlib.metadata, sys, torch
+if sys.argv[1] == "source checkout":  # no installed package: no metadata, no entry point
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+    importlib.metadata.distribution = not_installed
+    importlib.metadata.entry_points = lambda **kw: importlib.metadata.EntryPoints(())
+if sys.argv[1] != "no import":
     import kiln  # noqa: F401
-assert ("kiln" in sys.modules) == (sys.argv[1] == "import kiln first")
+assert ("kiln" in sys.modules) == (sys.argv[1] != "no import")
 fn = lambda x: torch.relu(x) * 2 + 1
 x = torch.randn(33, 17)
 torch.testing.assert_close(torch.compile(fn, backend="kiln")(x), fn(x))
@@ -253,7 +258,7 @@ assert REPORTS, "kiln did not compile the graph"
 """
 
 
-@pytest.mark.parametrize("first", ["import kiln first", "no import"])
+@pytest.mark.parametrize("first", ["import kiln first", "no import", "source checkout"])
 def test_backend_by_name_in_a_fresh_process(tmp_path, first):
     env = {**os.environ, "PYTHONPATH": SRC, "KILN_CACHE_DIR": str(tmp_path), "KILN_TARGET": "cpp"}
     subprocess.run([sys.executable, "-c", BACKEND_BY_NAME, first], env=env, check=True, timeout=300)
