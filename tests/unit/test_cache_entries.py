@@ -67,6 +67,18 @@ def test_a_bad_entry_is_rebuilt_with_one_warning(root, caplog, damage, reason):
     assert reason in warning and str(e.path) in warning
 
 
+def test_a_file_system_without_locks_still_builds(root, monkeypatch):
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    e = text_entry("unlocked")
+    assert cache.load_or_build(e, write("unlocked")) == (e.path, False)
+    assert cache.check(e) is None
+
+
 def test_a_record_of_another_key_is_foreign(root):
     a, b = text_entry("a"), text_entry("b")
     cache.load_or_build(a, write("a"))
