@@ -292,13 +292,14 @@ def _locked(e: Entry) -> Iterator[None]:
     with open(e.path.with_name(e.path.name + ".lock"), "a") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX)
+            locked = True
         except OSError:  # a file system without locks (some network mounts): build unlocked
-            yield
-            return
+            locked = False
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _publish(e: Entry, built: Path) -> None:
