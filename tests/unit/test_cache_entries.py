@@ -237,6 +237,14 @@ def test_cache_clear_older_than_keeps_recent_entries(root, capsys):
     assert "cleared" in capsys.readouterr().out
 
 
+def test_cache_clear_leaves_files_that_are_not_kiln_s(root, capsys):
+    cache.load_or_build(text_entry("mine"), write("mine"))
+    (root / "notes.txt").write_text("a user's file")
+    assert kiln_main(["cache", "clear"]) == 0
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]
+    assert "left 1 other files there: notes.txt" in capsys.readouterr().out
+
+
 def test_cache_command_on_a_cache_dir_that_is_a_file(root, capsys):
     root.parent.mkdir(exist_ok=True)
     root.write_text("a file")

@@ -129,8 +129,7 @@ def clear(root: Path, older_than_days: float | None = None) -> str:
     if not root.is_dir():
         return f"nothing to clear: {root} is not a directory"
     if older_than_days is None:
-        shutil.rmtree(root, ignore_errors=True)
-        return f"cleared {root}"
+        return _clear_all(root)
     _, last_used = _hits(root)
     cutoff, removed = time.time() - older_than_days * 86400, 0
     for e in entries(root):
@@ -140,3 +139,36 @@ def clear(root: Path, older_than_days: float | None = None) -> str:
                 cache.remove(path)
             removed += 1
     return f"removed {removed} entries unused for {older_than_days:g} days from {root}"
+
+
+# Folders kiln writes its entries into; clear also removes any folder holding entry records
+# or only the locks and temporaries that entries leave behind.
+KILN_FOLDERS = ("cpp", "triton")
+
+
+def _kiln_owned(path: Path) -> bool:
+    if path.name == cache.JOURNAL or path.name.endswith(cache.TEMP_SUFFIX):
+        return True
+    if not path.is_dir():
+        return False
+    names = [p.name for p in path.iterdir()]
+    return (path.name in KILN_FOLDERS or any(n.endswith(cache.RECORD_SUFFIX) for n in names)
+            or all(n.endswith((".lock", cache.TEMP_SUFFIX)) for n in names))  # what entries leave behind
+
+
+def _clear_all(root: Path) -> str:
+    """Remove kiln's folders and journal, and root when nothing else is in it: a cache
+    directory pointed at a folder of other files loses none of them."""
+    others = []
+    for path in root.iterdir():
+        if not _kiln_owned(path):
+            others.append(path.name)
+        elif path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if others:
+        return (f"cleared kiln's entries from {root}; left {len(others)} other files there: "
+                f"{', '.join(others[:5])}")
+    root.rmdir()
+    return f"cleared {root}"
