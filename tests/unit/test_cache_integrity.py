@@ -1,220 +1,250 @@
-"""Cache integrity: a bad entry is rebuilt with one warning, never loaded; an unusable cache
-directory means compiling into a private one. Each case compiles in a fresh process (a
-library already loaded in this one would hide what a new process sees) and checks the
-result against eager on random inputs."""
+"""Cache integrity at the entry layer, and `python -m kiln cache`, in this process: no
+compiler needed. tests/e2e/test_cache_rebuilds.py damages real compiled entries."""
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
+import logging
 import os
-import shutil
-import signal
-import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-# Compiles one graph with kiln, checks it against eager, prints what happened as JSON.
-CHILD = r"""
-import json, logging, sys
-import torch
-import kiln
-from kiln.frontend.backend import REPORTS
-
-warnings = []
-class Collect(logging.Handler):
-    def emit(self, record):
-        if record.levelno >= logging.WARNING:
-            warnings.append(f"{record.name}: {record.getMessage()}")
-logging.getLogger("kiln").addHandler(Collect())
-
-def f(x, y):
-    return (torch.sigmoid(x) * y + 1.0).sum(-1) - x.amax(-1)
-
-torch.manual_seed(int(sys.argv[1]))
-x, y = torch.randn(37, 129), torch.randn(37, 129)
-out = kiln.compile(f)(x, y)
-torch.testing.assert_close(out, f(x, y), rtol=1e-4, atol=1e-5)
-print(json.dumps({"compiled": bool(REPORTS), "hits": REPORTS[-1].cache_hits if REPORTS else None,
-                  "warnings": warnings}))
-"""
-
-
-def run_child(cache_dir, seed: int = 0, wrap: list[str] | None = None, wait: bool = True, **env):
-    full_env = {**os.environ, "PYTHONPATH": SRC, "KILN_CACHE_DIR": str(cache_dir), "KILN_TARGET": "cpp",
-                **env}
-    cmd = [*(wrap or []), sys.executable, "-c", CHILD, str(seed)]
-    if not wait:  # in a session of its own, so that killing it reaches its compiler too
-        return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-    return _summary(subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300))
-
-
-def _summary(proc) -> dict:
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stderr[-3000:]}"
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["compiled"], "kiln ran the graph in ATen"
-    return summary
-
-
-def one_cache_warning(summary: dict, *words: str) -> str:
-    """The run logged exactly one warning, from kiln.cache, naming these words."""
-    assert len(summary["warnings"]) == 1, summary["warnings"]
-    (warning,) = summary["warnings"]
-    assert warning.startswith("kiln.cache:") and all(w in warning for w in words), warning
-    return warning
-
-
-@pytest.fixture(scope="module")
-def built_cache(tmp_path_factory):
-    """A cache holding the child's graph, compiled once: tests damage copies of it."""
-    root = tmp_path_factory.mktemp("built") / "cache"
-    assert run_child(root)["warnings"] == []
-    return root
+from kiln.runtime import cache
+from kiln.tools.__main__ import main as kiln_main
 
 
 @pytest.fixture
-def cache_copy(built_cache, tmp_path):
-    root = tmp_path / "cache"
-    shutil.copytree(built_cache, root)
-    return root
+def root(tmp_path, monkeypatch):
+    path = tmp_path / "cache"
+    monkeypatch.setenv("KILN_CACHE_DIR", str(path))
+    return path
 
 
-def unit_library(root: Path) -> Path:
-    (lib,) = (root / "cpp").glob("unit_*.so")
-    return lib
+def text_entry(text: str, **components: str) -> cache.Entry:
+    return cache.entry("test text", "test", "text", ".txt",
+                       cache.key_components(source=cache.text_digest(text), **components))
 
 
-def test_half_truncated_library_is_rebuilt_in_a_fresh_process(cache_copy):
-    lib = unit_library(cache_copy)
-    size = lib.stat().st_size
-    os.truncate(lib, size // 2)  # loading this maps past its end: SIGBUS before the check existed
-    summary = run_child(cache_copy, seed=1)
-    one_cache_warning(summary, "cpp unit", "truncated", lib.name)
-    assert lib.stat().st_size == size
-    assert run_child(cache_copy, seed=2) == {"compiled": True, "hits": 1, "warnings": []}
+def write(text: str):
+    return lambda path: path.write_text(text)
 
 
-@pytest.mark.parametrize("damage", ["empty", "garbage of the same size"])
-def test_empty_or_garbage_library_is_rebuilt_not_run_in_aten(cache_copy, damage):
-    lib = unit_library(cache_copy)
-    lib.write_bytes(b"" if damage == "empty" else os.urandom(lib.stat().st_size))
-    summary = run_child(cache_copy, seed=3)
-    one_cache_warning(summary, "cpp unit", "truncated" if damage == "empty" else "corrupted")
-    assert summary["hits"] == 0  # rebuilt, and the graph compiled (no fallback warning)
+def cache_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "kiln.cache" and r.levelno >= logging.WARNING]
 
 
-def test_foreign_library_without_a_record_is_rebuilt(cache_copy):
-    lib = unit_library(cache_copy)
-    Path(str(lib) + ".meta.json").unlink()
-    lib.write_bytes(b"\x7fELF not a library")
-    one_cache_warning(run_child(cache_copy, seed=4), "cpp unit", "without a readable record")
+def test_an_entry_is_built_once_then_found(root, caplog):
+    e = text_entry("hello")
+    assert cache.load_or_build(e, write("hello")) == (e.path, False)
+    assert cache.load_or_build(e, write("never called")) == (e.path, True)
+    assert e.path.read_text() == "hello" and cache.check(e) is None
+    assert [(line["event"], line["file"]) for line in cache.read_journal(root)] == [
+        ("miss", e.path.name), ("hit", e.path.name)]
+    assert cache_warnings(caplog) == []
 
 
-def test_library_that_does_not_load_despite_its_checksum_is_rebuilt(cache_copy):
-    lib = unit_library(cache_copy)
-    record_file = Path(str(lib) + ".meta.json")
-    record = json.loads(record_file.read_text())
-    garbage = b"\x7fELF but not loadable"
-    record.update(size=len(garbage), sha256=hashlib.sha256(garbage).hexdigest())
-    lib.write_bytes(garbage)
-    record_file.write_text(json.dumps(record))
-    one_cache_warning(run_child(cache_copy, seed=5), "cpp unit", "does not load")
+@pytest.mark.parametrize("damage, reason", [
+    (lambda p: p.write_text("hellO"), "corrupted"),
+    (lambda p: p.write_text("hel"), "truncated"),
+    (lambda p: p.write_text(""), "truncated"),
+    (lambda p: cache.record_path(p).unlink(), "without a readable record"),
+    (lambda p: cache.record_path(p).write_text("{not json"), "without a readable record"),
+])
+def test_a_bad_entry_is_rebuilt_with_one_warning(root, caplog, damage, reason):
+    e = text_entry("hello")
+    cache.load_or_build(e, write("hello"))
+    damage(e.path)
+    assert reason in cache.check(e)
+    assert cache.load_or_build(e, write("hello")) == (e.path, False)
+    assert e.path.read_text() == "hello" and cache.check(e) is None
+    (warning,) = cache_warnings(caplog)
+    assert reason in warning and str(e.path) in warning
 
 
-def test_truncated_precompiled_header_is_rebuilt(cache_copy):
-    (header,) = (cache_copy / "cpp").glob("prelude_*/kiln_prelude.h.gch")
-    os.truncate(header, header.stat().st_size // 3)
-    summary = run_child(cache_copy, seed=6)
-    one_cache_warning(summary, "cpp prelude", "truncated")
-    record = json.loads(Path(str(header.parent) + ".meta.json").read_text())
-    assert header.stat().st_size > record["size"] // 2  # whole again (a rebuild differs in a few bytes)
+def test_a_file_system_without_locks_still_builds(root, monkeypatch):
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    e = text_entry("unlocked")
+    assert cache.load_or_build(e, write("unlocked")) == (e.path, False)
+    assert cache.check(e) is None
 
 
-HANGING_COMPILER = """#!/bin/sh
-case "$*" in *--version*) exec g++ "$@";; esac
-while [ "$#" -gt 0 ]; do [ "$1" = "-o" ] && out="$2"; shift; done
-printf 'half a precompiled header' > "$out"
-sleep 300
-"""
+def test_a_record_of_another_key_is_foreign(root):
+    a, b = text_entry("a"), text_entry("b")
+    cache.load_or_build(a, write("a"))
+    cache.load_or_build(b, write("b"))
+    cache.record_path(a.path).write_text(cache.record_path(b.path).read_text())
+    assert "another kind, key" in cache.check(a)
 
 
-def test_compile_killed_midway_leaves_nothing_that_breaks_later_runs(tmp_path):
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++")
-    compiler = tmp_path / "hanging-g++"
-    compiler.write_text(HANGING_COMPILER)
-    compiler.chmod(0o755)
-    root = tmp_path / "cache"
-    proc = run_child(root, wait=False, CXX=str(compiler), KILN_CACHE_DIR=str(root))
-    deadline = time.time() + 120
-    while not list((root / "cpp").glob("*/kiln_prelude.h.gch")) and time.time() < deadline:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    temps = list((root / "cpp").glob("*.tmp"))
-    assert temps, "the compile was not killed while writing its output"
-    assert run_child(root, seed=7)["warnings"] == []  # same key: the half-written header is not used
-    old = time.time() - 3600
-    for temp in temps:
-        os.utime(temp, (old, old))
-    assert run_child(root, seed=8)["warnings"] == []
-    assert not list((root / "cpp").glob("*.tmp")), "a killed compile's temporaries were not swept"
+def test_a_failed_build_leaves_no_temporary_and_no_entry(root):
+    e = text_entry("x")
+
+    def fail(path: Path) -> None:
+        path.write_text("half")
+        raise RuntimeError("compiler crashed")
+
+    with pytest.raises(RuntimeError, match="compiler crashed"):
+        cache.load_or_build(e, fail)
+    assert sorted(p.name for p in e.path.parent.iterdir()) == [e.path.name + ".lock"]
+    assert cache.load_or_build(e, write("x")) == (e.path, False)
 
 
-def test_two_processes_compiling_one_graph_into_one_empty_cache(tmp_path):
-    root = tmp_path / "cache"
-    procs = [run_child(root, seed=10 + i, wait=False) for i in range(2)]
-    summaries = [_summary(subprocess.CompletedProcess(p.args, p.wait(300), *p.communicate())) for p in procs]
-    assert [s["warnings"] for s in summaries] == [[], []]
-    assert len(list((root / "cpp").glob("unit_*.so"))) == 1
-    assert not list((root / "cpp").glob("*.tmp"))
+def test_folder_entries_are_checked_file_by_file(root, caplog):
+    e = cache.entry("test folder", "test", "folder", "", cache.key_components(v="1"))
+
+    def build(path: Path) -> None:
+        path.mkdir()
+        (path / "a.h").write_text("a")
+        (path / "b.gch").write_bytes(b"0123456789")
+
+    cache.load_or_build(e, build)
+    (e.path / "b.gch").write_bytes(b"01234")
+    assert "truncated" in cache.check(e)
+    assert cache.load_or_build(e, build) == (e.path, False)
+    assert (e.path / "b.gch").read_bytes() == b"0123456789"
 
 
-def _read_only(directory: Path) -> list[str]:
-    """A command prefix under which directory cannot be written, even by root."""
-    if os.geteuid() != 0:
-        directory.chmod(stat.S_IRUSR | stat.S_IXUSR)
-        return []
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
-        pytest.skip("running as root without user namespaces: no way to make a read-only directory")
-    script = (f'mount --bind "{directory}" "{directory}" && '
-              f'mount -o remount,bind,ro "{directory}" && exec "$@"')
-    return ["unshare", "-rm", "sh", "-c", script, "sh"]
+def test_only_stale_temporaries_are_swept(root):
+    folder = cache.cache_dir("test")
+    young, old = cache.temp_path(folder / "young"), cache.temp_path(folder / "old")
+    young.write_text("a compile still running")
+    old.mkdir()
+    (old / "kiln_prelude.h.gch").write_text("half")
+    hour_ago = time.time() - 3600
+    os.utime(old, (hour_ago, hour_ago))
+    assert cache.sweep_stale_temps(cache.cache_root()) == 1
+    assert young.exists() and not old.exists()
 
 
-def test_read_only_cache_dir_compiles_with_one_warning(tmp_path):
-    root = tmp_path / "read-only"
+def test_a_full_disk_means_a_private_cache_with_one_warning(root, monkeypatch, caplog):
+    monkeypatch.setattr(cache, "_free_bytes", lambda path: 1024)
+    private = cache.cache_root()
+    assert private != root and private.is_dir()
+    assert cache.cache_root() == private
+    (warning,) = cache_warnings(caplog)
+    assert "disk is full" in warning and str(root) in warning
+
+
+def test_a_directory_that_stops_taking_writes_means_a_private_cache(root, caplog):
+    e = text_entry("y")
+
+    def disk_full(path: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    calls = []
+
+    def build(path: Path) -> None:
+        calls.append(path)
+        (disk_full if len(calls) == 1 else write("y"))(path)
+
+    path, cached = cache.load_or_build(e, build)
+    assert not cached and path.read_text() == "y" and not path.is_relative_to(root)
+    (warning,) = cache_warnings(caplog)
+    assert "No space left" in warning
+
+
+def test_a_compiler_failing_on_a_full_disk_means_a_private_cache(root, monkeypatch, caplog):
+    e = text_entry("z")
+    cache.cache_root()
+    free = iter([1024])  # the disk is full when the compiler fails, not afterwards
+
+    def compiler(path: Path) -> None:
+        if not path.is_relative_to(root):
+            return path.write_text("z")
+        monkeypatch.setattr(cache, "_free_bytes", lambda _: next(free, 1 << 40))
+        raise RuntimeError("g++: fatal error: cannot write output")
+
+    path, cached = cache.load_or_build(e, compiler)
+    assert not cached and path.read_text() == "z" and not path.is_relative_to(root)
+    (warning,) = cache_warnings(caplog)
+    assert "disk is full" in warning
+
+
+def test_a_real_build_error_is_raised_as_is(root):
+    def compiler(path: Path) -> None:
+        raise RuntimeError("g++ rejected the kernel")
+
+    with pytest.raises(RuntimeError, match="rejected"):
+        cache.load_or_build(text_entry("bad"), compiler)
+
+
+def test_a_file_where_a_kind_folder_belongs_means_a_private_cache(root, caplog):
     root.mkdir()
-    summary = run_child(root, seed=11, wrap=_read_only(root))
-    one_cache_warning(summary, "unusable", str(root))
-    root.chmod(0o755)
-    assert list(root.iterdir()) == []
+    (root / "test").write_text("in the way")
+    e = text_entry("w")
+    path, cached = cache.load_or_build(e, write("w"))
+    assert not cached and path.read_text() == "w" and not path.is_relative_to(root)
+    (warning,) = cache_warnings(caplog)
+    assert "folder test cannot be made" in warning
 
 
-def test_cache_dir_that_is_a_file_compiles_with_one_warning(tmp_path):
-    path = tmp_path / "a-file"
-    path.write_text("not a directory")
-    summary = run_child(path, seed=12)
-    one_cache_warning(summary, "unusable", str(path))
-    assert path.read_text() == "not a directory"
+def test_keys_differ_in_every_component():
+    base = cache.key_components(source="s", flags="-O3")
+    assert cache.key_of(base) == cache.key_of(dict(base))
+    changed = {cache.key_of({**base, name: "other"}) for name in base}
+    assert len(changed | {cache.key_of(base)}) == len(base) + 1
 
 
-def test_truncated_triton_source_is_rebuilt(tmp_path):
-    pytest.importorskip("triton")
-    root = tmp_path / "cache"
-    env = {"KILN_TARGET": "triton", "TRITON_INTERPRET": "1"}
-    assert run_child(root, seed=13, **env)["warnings"] == []
-    sources = list((root / "triton").glob("*.py"))
-    assert sources
-    for source in sources:
-        os.truncate(source, source.stat().st_size // 2)  # imported as is, a SyntaxError
-    summary = run_child(root, seed=14, **env)
-    assert len(summary["warnings"]) == len(sources), summary["warnings"]
-    assert all(w.startswith("kiln.cache:") and "triton source" in w for w in summary["warnings"])
+def test_cache_ls_lists_entries_with_size_age_and_hits(root, capsys):
+    e = text_entry("listed")
+    cache.load_or_build(e, write("listed"))
+    cache.load_or_build(e, write("listed"))
+    assert kiln_main(["cache", "ls"]) == 0
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if e.path.name in line]
+    assert row.split()[:2] == ["test", "text"] and e.key[:12] in row and "6 B" in row
+    assert row.split()[-2] == "1"  # one hit
+
+
+def test_cache_why_names_the_component_that_differs(root, capsys, monkeypatch):
+    old = text_entry("same source", **{"torch version": "2.11.0"})
+    cache.load_or_build(old, write("same source"))
+    cache.load_or_build(text_entry("other source"), write("other source"))
+    new = text_entry("same source", **{"torch version": "2.13.0"})
+    cache.load_or_build(new, write("same source"))
+    assert kiln_main(["cache", "why", "--count", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "miss" in out and new.path.name in out and "not in the cache" in out
+    assert f"nearest: test/{old.path.name}" in out
+    assert "torch version: 2.11.0 there, 2.13.0 here" in out
+    assert "source:" not in out
+
+
+def test_cache_clear_older_than_keeps_recent_entries(root, capsys):
+    e = text_entry("recent")
+    cache.load_or_build(e, write("recent"))
+    assert kiln_main(["cache", "clear", "--older-than", "1"]) == 0
+    assert e.path.exists()
+    record = json.loads(cache.record_path(e.path).read_text())
+    record["created"] = time.time() - 3 * 86400
+    cache.record_path(e.path).write_text(json.dumps(record))
+    (root / cache.JOURNAL).unlink()  # no use since
+    assert kiln_main(["cache", "clear", "--older-than", "1"]) == 0
+    assert not e.path.exists() and not cache.record_path(e.path).exists()
+    assert kiln_main(["cache", "clear"]) == 0
+    assert not root.exists()
+    assert "cleared" in capsys.readouterr().out
+
+
+def test_cache_clear_leaves_files_that_are_not_kiln_s(root, capsys):
+    cache.load_or_build(text_entry("mine"), write("mine"))
+    (root / "notes.txt").write_text("a user's file")
+    assert kiln_main(["cache", "clear"]) == 0
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]
+    assert "left 1 other files there: notes.txt" in capsys.readouterr().out
+
+
+def test_cache_command_on_a_cache_dir_that_is_a_file(root, capsys):
+    root.parent.mkdir(exist_ok=True)
+    root.write_text("a file")
+    assert kiln_main(["cache", "ls"]) == 0 and kiln_main(["cache", "clear"]) == 0
+    assert capsys.readouterr().out.count("not a directory") == 2
+    assert root.read_text() == "a file"
