@@ -47,6 +47,17 @@ def jit(fn: Callable | None = None, **options: Any) -> Callable:
     return compile(fn, **options)
 
 
+def _backend_entry_point_installed() -> bool:
+    """Whether Dynamo finds `backend="kiln"` through the installed package's entry point."""
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution("kiln")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return any(ep.group == "torch_dynamo_backends" and ep.name == "kiln" for ep in dist.entry_points)
+
+
 def _register_backend() -> None:
     from torch._dynamo import list_backends, register_backend
 
@@ -56,7 +67,10 @@ def _register_backend() -> None:
         register_backend(name="kiln")(kiln_backend)
 
 
-_register_backend()
+# Importing Dynamo costs about a second: an installed kiln leaves registering the backend to
+# its entry point; a source checkout run without installing has none, so it registers here.
+if not _backend_entry_point_installed():
+    _register_backend()
 
 
 def explain(fn: Callable, *args: Any, options: dict | None = None, **kwargs: Any) -> str:

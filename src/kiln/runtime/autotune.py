@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from kiln.runtime.cache import atomic_write
+from kiln.runtime.cache import write_atomic
 
 Config = tuple[int, int, int]  # XBLOCK, RBLOCK, num_warps
 
@@ -123,6 +123,14 @@ def _direct_launch(compiled, grid: tuple[int, int, int], config: Config, n_point
     return launch
 
 
+def saved_choice(record: Path) -> Config | None:
+    """The configuration a record holds; a missing or unreadable record means timing again."""
+    try:
+        return tuple(json.loads(record.read_text())["config"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 class TunedLauncher:
     """Calling it checks that every tensor is 16-byte aligned, where the binaries assume it,
     and falls back to Triton's JIT when one is not; the host program calls `aligned` directly
@@ -149,10 +157,8 @@ class TunedLauncher:
         self.aligned: Callable = self._tune_and_launch
         if len(variants) == 1:
             self._choose(next(iter(variants)))
-        elif record.exists():
-            saved = tuple(json.loads(record.read_text())["config"])
-            if saved in variants:
-                self._choose(saved)
+        elif (saved := saved_choice(record)) in variants:
+            self._choose(saved)
 
     def _choose(self, config: Config) -> None:
         self.choice = config
@@ -175,7 +181,7 @@ class TunedLauncher:
             end.synchronize()
             timings[config] = start.elapsed_time(end)
         best = min(timings, key=timings.get)
-        atomic_write(
+        write_atomic(
             self.record, json.dumps({"config": list(best), "ms": {str(c): t / 5 for c, t in timings.items()}})
         )
         self.choice, self.aligned = best, launches[best]  # the timed launch: its binary is loaded

@@ -2,9 +2,9 @@
 
 The kernels of a graph are spread over one translation unit per core; each unit is a
 shared library named by the hash of its source, the prelude, flags, compiler and CPU, and
-is loaded with ctypes (no torch headers). The prelude is a precompiled header built once
-per machine, so a unit costs little more than its kernels. A second process finds the
-libraries on disk and compiles nothing.
+is loaded with ctypes (no torch headers) once the cache has checked it (runtime/cache.py).
+The prelude is a precompiled header built once per machine, so a unit costs little more
+than its kernels. A second process finds the libraries on disk and compiles nothing.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ import functools
 import os
 import shutil
 import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.runtime.cache import atomic_write, cache_dir, compiler_version, content_hash, cpu_model
+from kiln.runtime import cache
 
 # -O3 and native vector instructions; no -ffast-math, so NaN and infinity behave as in eager.
 # GCC's tuning for the AVX-512 Xeon we measured (-march=native: rocketlake) keeps vectors at 256
@@ -65,52 +64,67 @@ def prelude_dir() -> tuple[Path, str]:
     header; and the key that names them."""
     compiler = cxx()
     text = PRELUDE.read_text()
-    key = content_hash(text, " ".join(FLAGS), compiler_version(compiler), cpu_model())
-    folder = cache_dir("cpp") / f"prelude_{key}"
-    if not (folder / "kiln_prelude.h.gch").exists():
-        tmp = Path(tempfile.mkdtemp(dir=cache_dir("cpp")))
-        (tmp / "kiln_prelude.h").write_text(text)
+    components = cache.key_components(**{
+        "prelude source": cache.text_digest(text), "compiler flags": " ".join(FLAGS),
+        "compiler": cache.compiler_version(compiler), "cpu": cache.cpu_model()})
+    entry = cache.entry("cpp prelude", "cpp", "prelude", "", components)
+
+    def build(folder: Path) -> None:
+        folder.mkdir()
+        (folder / "kiln_prelude.h").write_text(text)
         try:
-            _run([compiler, *FLAGS, "-x", "c++-header", str(tmp / "kiln_prelude.h"),
-                  "-o", str(tmp / "kiln_prelude.h.gch")], "the kernel prelude")
+            _run([compiler, *FLAGS, "-x", "c++-header", str(folder / "kiln_prelude.h"),
+                  "-o", str(folder / "kiln_prelude.h.gch")], "the kernel prelude")
         except BuildError:
-            pass  # kernels still compile, reading the prelude as text
-        try:
-            os.replace(tmp, folder)
-        except OSError:  # another process made it first
-            shutil.rmtree(tmp, ignore_errors=True)
-    return folder, key
+            (folder / "kiln_prelude.h.gch").unlink(missing_ok=True)  # kernels read the prelude as text
+
+    folder, _ = cache.load_or_build(entry, build)
+    return folder, entry.key
+
+
+def _unit_entry(source: str, prelude_key: str, names: list[str]) -> cache.Entry:
+    components = cache.key_components(**{
+        "kernels": " ".join(names), "source": cache.text_digest(source), "prelude": prelude_key,
+        "compiler flags": " ".join(FLAGS + LIBS), "compiler": cache.compiler_version(cxx()),
+        "cpu": cache.cpu_model()})
+    return cache.entry("cpp unit", "cpp", "unit", ".so", components)
 
 
 def _compile_unit(kernels: list[tuple[str, str, int]]) -> list[BuildResult]:
     """One shared library for several (body, name, nargs) kernels."""
-    compiler = cxx()
     include, prelude_key = prelude_dir()
     source = '#include "kiln_prelude.h"\n\n' + "\n\n".join(body for body, _, _ in kernels) + "\n"
-    key = content_hash(source, prelude_key, " ".join(FLAGS + LIBS), compiler_version(compiler), cpu_model())
-    directory = cache_dir("cpp")
-    lib_path = directory / f"unit_{key}.so"
-    cached = lib_path.exists()
-    if not cached:
-        src_path = directory / f"unit_{key}.cpp"
-        atomic_write(src_path, source)
-        fd, tmp_lib = tempfile.mkstemp(suffix=".so", dir=directory)
-        os.close(fd)
-        try:
-            _run([compiler, *FLAGS, "-shared", f"-I{include}", str(src_path), "-o", tmp_lib, *LIBS],
-                 f"kernels {', '.join(name for _, name, _ in kernels)}")
-        except BuildError:
-            os.unlink(tmp_lib)
-            raise
-        os.replace(tmp_lib, lib_path)
-    lib = ctypes.CDLL(str(lib_path))
-    results = []
+    names = [name for _, name, _ in kernels]
+    entry = _unit_entry(source, prelude_key, names)
+
+    def build(lib: Path) -> None:
+        src_path = lib.parent / f"{entry.path.stem}.cpp"  # kept beside the library for people to read
+        cache.write_atomic(src_path, source)
+        _run([cxx(), *FLAGS, "-shared", f"-I{include}", str(src_path), "-o", str(lib), *LIBS],
+             f"kernels {', '.join(names)}")
+
+    lib_path, cached = cache.load_or_build(entry, build)
+    try:
+        lib, fns = _load_library(lib_path, kernels)
+    except (OSError, AttributeError) as e:
+        if not cached:
+            raise BuildError(f"the library built for kernels {', '.join(names)} does not load: {e}") from e
+        # its checksum held, so it was written so: built by a broken compiler run, or a foreign file
+        cache.discard(entry, f"a library that does not load ({e})")
+        lib_path, cached = cache.load_or_build(entry, build)
+        lib, fns = _load_library(lib_path, kernels)
+    return [BuildResult(fn, lib_path, cached) for fn in fns]
+
+
+def _load_library(path: Path, kernels: list[tuple[str, str, int]]) -> tuple[ctypes.CDLL, list]:
+    lib = ctypes.CDLL(str(path))
+    fns = []
     for _, name, nargs in kernels:
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p] * nargs
         fn.restype = None
-        results.append(BuildResult(fn, lib_path, cached))
-    return results
+        fns.append(fn)
+    return lib, fns
 
 
 def build_all(jobs: list[tuple[str, str, int]]) -> list[BuildResult]:

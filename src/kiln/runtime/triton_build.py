@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.ir.kernel import Kernel
-from kiln.runtime import compile_pool
+from kiln.runtime import cache, compile_pool
 from kiln.runtime.autotune import Config, TunedLauncher
-from kiln.runtime.cache import atomic_write, cache_dir, content_hash
 
 
 @dataclass
@@ -26,30 +25,30 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _versions() -> str:
+def _versions() -> dict[str, str]:
+    """The key components of a Triton kernel beyond its source."""
     import triton
 
-    parts = [triton.__version__, "interpreter" if interpreted() else ""]
+    parts = {"triton version": triton.__version__, "triton interpreter": str(interpreted())}
     try:
         import torch
 
         if torch.cuda.is_available() and not interpreted():
-            parts += [
-                torch.version.cuda or "",
-                torch.cuda.get_device_name(),
-                str(torch.cuda.get_device_capability()),
-            ]
+            parts.update({
+                "cuda version": torch.version.cuda or "",
+                "device": torch.cuda.get_device_name(),
+                "device capability": str(torch.cuda.get_device_capability()),
+            })
     except Exception:  # noqa: BLE001, S110 - versions only refine the key
         pass
-    return " ".join(parts)
+    return parts
 
 
 def _load(kernel: Kernel, source: str):
-    key = content_hash(source, _versions())
-    path = cache_dir("triton") / f"{kernel.name}_{key}.py"
-    cached = path.exists()
-    if not cached:
-        atomic_write(path, source)
+    """The kernel's @triton.jit function, from its source in the cache (checked before import)."""
+    components = cache.key_components(kernel=kernel.name, source=cache.text_digest(source), **_versions())
+    entry = cache.entry("triton source", "triton", kernel.name, ".py", components)
+    path, cached = cache.load_or_build(entry, lambda temp: temp.write_text(source))
     return getattr(compile_pool.load_module(str(path)), kernel.name), path, cached
 
 

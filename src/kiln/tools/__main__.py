@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 
 
 def _cache(args) -> int:
+    from pathlib import Path
+
     from kiln.options import env_cache_dir
+    from kiln.tools import cache_cli
 
-    root = env_cache_dir()
+    root = Path(env_cache_dir())
     if args.action == "clear":
-        shutil.rmtree(root, ignore_errors=True)
-        print(f"cleared {root}")
-        return 0
-    import os
-
-    files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
-    size = sum(os.path.getsize(f) for f in files)
-    print(f"{root}: {len(files)} files, {size / 1e6:.1f} MB")
+        print(cache_cli.clear(root, args.older_than))
+    elif args.action == "why":
+        print(cache_cli.why(root, args.count))
+    else:
+        print(cache_cli.ls(root))
     return 0
 
 
@@ -49,8 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="compile a small transformer block, check it and time it")
     ex = sub.add_parser("explain", help="show passes, fusion decisions and kernels of the demo block")
     ex.add_argument("--source", action="store_true", help="also print the generated C++ and host code")
-    cache = sub.add_parser("cache", help="show or clear kiln's kernel cache")
-    cache.add_argument("action", nargs="?", choices=["info", "clear"], default="info")
+    cache = sub.add_parser("cache", help="list kiln's cache entries, explain its misses, or clear it")
+    cache.add_argument("action", nargs="?", choices=["ls", "why", "clear", "info"], default="ls",
+                       help="ls: entries with size, age and hits (info: the same); why: for the latest "
+                            "misses, the nearest entry and the key components that differ; clear: remove")
+    cache.add_argument("--older-than", type=float, metavar="DAYS",
+                       help="clear: only entries unused for this many days")
+    cache.add_argument("--count", type=int, default=5, help="why: how many of the latest misses")
     bench = sub.add_parser("bench", help="run benchmarks/ (from a source checkout)")
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
