@@ -2,6 +2,7 @@
 
     torch.compile(model, backend="kiln")      # after `pip install`
     kiln.compile(model, fullgraph=False, dynamic=None, mode="default")
+    kiln.export(model, example_args, "model.kiln"); kiln.load("model.kiln")(*args)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from kiln.options import Options
 
 __version__ = "0.1.0"
-__all__ = ["compile", "jit", "explain", "Options", "__version__"]
+__all__ = ["compile", "jit", "explain", "export", "load", "Options", "__version__"]
 
 
 def compile(model_or_fn: Callable | None = None, **options: Any) -> Callable:
@@ -80,3 +81,18 @@ def explain(fn: Callable, *args: Any, options: dict | None = None, **kwargs: Any
     from kiln.tools.explain import explain as _explain
 
     return _explain(fn, *args, options=options, **kwargs)
+
+
+def export(fn_or_module: Callable, example_args: tuple, path: str, dynamic_shapes: Any = None):
+    """Compile fn_or_module for example_args ahead of time (torch.export, then kiln) and write
+    an artifact folder at path that kiln.load runs without Dynamo or a compiler."""
+    from kiln.runtime.artifact import export as _export
+
+    return _export(fn_or_module, example_args, path, dynamic_shapes)
+
+
+def load(path: str) -> Callable:
+    """An artifact written by kiln.export, as a callable of the inputs it was exported for."""
+    from kiln.runtime.artifact import load as _load
+
+    return _load(path)

@@ -1,0 +1,206 @@
+"""Ahead-of-time artifacts: `kiln.export` compiles a program once and writes it to a folder;
+`kiln.load` runs it in any process, without Dynamo, AOTAutograd or a compiler.
+
+An artifact holds the host program as data (host.json, and its tensor constants), the
+model's parameters and buffers (state.pt), the compiled kernels (C++ shared libraries) and a
+manifest naming the versions and machine they were built for and the inputs the program
+takes. It holds the shapes it was exported with: sizes are not symbolic in kiln's kernels yet.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+FORMAT = 1
+_DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+                               torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool)}
+
+
+class ArtifactError(RuntimeError):
+    """An artifact that cannot run here, or a call that does not match it."""
+
+
+def _module_of(fn_or_module: Callable) -> torch.nn.Module:
+    if isinstance(fn_or_module, torch.nn.Module):
+        return fn_or_module
+
+    class Function(torch.nn.Module):
+        def forward(self, *args):
+            return fn_or_module(*args)
+
+    return Function()
+
+
+def export(fn_or_module: Callable, example_args: tuple, path: str | Path, dynamic_shapes=None) -> Path:
+    """Compile fn_or_module for example_args (torch.export, then kiln) and write the artifact
+    folder path; returns it."""
+    from kiln.codegen.backends import get_backend
+    from kiln.frontend.decompositions import decomposition_table
+    from kiln.ir.host import constants_blob
+    from kiln.options import Options
+    from kiln.passes.pipeline import compile_graph
+    from kiln.runtime import cache, cpp_build
+
+    if dynamic_shapes is not None:
+        raise NotImplementedError("kiln.export: an artifact holds the shapes it was exported with "
+                                  "(kiln's kernels do not take symbolic sizes yet); pass dynamic_shapes=None")
+    example_args = tuple(example_args)
+    tensors = [a for a in example_args if isinstance(a, torch.Tensor)]
+    if len(tensors) != len(example_args):
+        raise TypeError("kiln.export takes tensor arguments only")
+    devices = {t.device.type for t in tensors}
+    if devices - {"cpu"}:
+        raise NotImplementedError(f"kiln.export writes CPU programs; these inputs are on {sorted(devices)}")
+    with torch.no_grad():
+        program = torch.export.export(_module_of(fn_or_module), example_args)
+        program = program.run_decompositions(decomposition_table())
+    gm, signature = program.graph_module, program.graph_signature
+    state_names, inputs = [], []
+    user = iter(example_args)
+    for spec in signature.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            inputs.append(next(user))
+            continue
+        value = program.state_dict.get(spec.target)
+        if value is None:
+            value = program.constants[spec.target]
+        state_names.append(spec.target)
+        inputs.append(value)
+    if any(spec.kind.name != "USER_OUTPUT" for spec in signature.output_specs):
+        raise NotImplementedError("kiln.export: the program updates buffers in place (e.g. batch norm "
+                                  "in training mode); export the model in eval mode")
+    backend = get_backend("cpp", Options())
+    _, report = compile_graph(gm, [x.detach() for x in inputs], backend)
+    host = report.host_program
+    built = cpp_build.build_all([(report.sources[k.name], k.name, len(k.params)) for k in report.kernels])
+
+    path = Path(path)
+    if path.exists():
+        shutil.rmtree(path)
+    (path / "kernels").mkdir(parents=True)
+    kernels = {}
+    for kern, result in zip(report.kernels, built):
+        library = result.path.name
+        if not (path / "kernels" / library).exists():
+            shutil.copyfile(result.path, path / "kernels" / library)
+        kernels[kern.name] = {"library": library, "arguments": len(kern.params)}
+    (path / "host.json").write_text(json.dumps(host.to_dict(), indent=1))
+    (path / "constants.pt").write_bytes(constants_blob(host))
+    torch.save({name: t.detach().clone() for name, t in zip(state_names, inputs)}, path / "state.pt")
+    manifest = {
+        "format": FORMAT,
+        "kiln": _kiln_version(),
+        "torch": torch.__version__,
+        "device": "cpu",
+        "machine": cache.cpu_model(),
+        "state": state_names,
+        "inputs": [{"dtype": str(a.dtype), "shape": list(a.shape), "device": str(a.device)}
+                   for a in example_args],
+        "outputs": _output_structure(program.call_spec.out_spec),
+        "kernels": kernels,
+        "shapes": "as exported (no symbolic sizes)",
+    }
+    (path / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return path
+
+
+def _output_structure(out_spec) -> str:
+    """How the user's function returns its tensors: one, or a tuple or list of them."""
+    if out_spec.is_leaf():
+        return "tensor"
+    if out_spec.type not in (tuple, list) or any(not c.is_leaf() for c in out_spec.children_specs):
+        raise NotImplementedError("kiln.export: the function must return a tensor or a flat tuple or "
+                                  "list of tensors")
+    return out_spec.type.__name__
+
+
+def _kiln_version() -> str:
+    from kiln import __version__
+
+    return __version__
+
+
+@dataclass
+class LoadedProgram:
+    """A loaded artifact: call it with the inputs it was exported for."""
+
+    path: Path
+    manifest: dict
+    _call: Callable[[list], list]
+    _state: list[torch.Tensor]
+    _libraries: list[ctypes.CDLL]
+
+    def __call__(self, *args: Any) -> Any:
+        expected = self.manifest["inputs"]
+        if len(args) != len(expected):
+            raise TypeError(f"kiln artifact {self.path.name} takes {len(expected)} inputs, got {len(args)}")
+        inputs = []
+        for k, (a, spec) in enumerate(zip(args, expected)):
+            inputs.append(_checked(a, spec, k))
+        out = self._call([*self._state, *inputs])
+        if self.manifest["outputs"] == "tensor":
+            return out[0]
+        return tuple(out) if self.manifest["outputs"] == "tuple" else list(out)
+
+    def __repr__(self) -> str:
+        inputs = self.manifest["inputs"]
+        shapes = ", ".join(f"{i['dtype'].removeprefix('torch.')}{i['shape']}" for i in inputs)
+        return f"kiln artifact {self.path} ({shapes})"
+
+
+def _checked(a: Any, spec: dict, k: int) -> torch.Tensor:
+    where = f"kiln artifact input {k}"
+    if not isinstance(a, torch.Tensor):
+        raise TypeError(f"{where} must be a tensor, got {type(a).__name__}")
+    if str(a.dtype) != spec["dtype"]:
+        raise TypeError(f"{where} has dtype {a.dtype}, the artifact was exported for {spec['dtype']}")
+    if a.dim() != len(spec["shape"]):
+        raise ValueError(f"{where} has {a.dim()} dimensions, the artifact was exported for "
+                         f"{len(spec['shape'])} (shape {spec['shape']})")
+    if list(a.shape) != spec["shape"]:
+        raise ValueError(f"{where} has shape {list(a.shape)}, the artifact was exported for shape "
+                         f"{spec['shape']} only")
+    if str(a.device) != spec["device"]:
+        raise ValueError(f"{where} is on {a.device}, the artifact runs on {spec['device']}")
+    return a.contiguous()  # the kernels were compiled for the example's layout: contiguous
+
+
+def load(path: str | Path) -> LoadedProgram:
+    """The artifact at path as a callable; refuses one from another kiln, torch or machine."""
+    from kiln.codegen import host as host_codegen
+    from kiln.ir.host import HostProgram
+    from kiln.runtime.cache import cpu_model
+
+    path = Path(path)
+    manifest_file = path / "manifest.json"
+    if not manifest_file.is_file():
+        raise ArtifactError(f"{path} is not a kiln artifact (no manifest.json)")
+    manifest = json.loads(manifest_file.read_text())
+    if manifest.get("format") != FORMAT:
+        raise ArtifactError(f"{path}: artifact format {manifest.get('format')!r}, this kiln reads {FORMAT}")
+    for key, here in (("kiln", _kiln_version()), ("torch", torch.__version__), ("machine", cpu_model())):
+        if manifest[key] != here:
+            raise ArtifactError(f"{path} was built for {key} {manifest[key]!r}; this is {here!r}: "
+                                "export it again here")
+    host = HostProgram.from_dict(json.loads((path / "host.json").read_text()),
+                                 (path / "constants.pt").read_bytes())
+    state_dict = torch.load(path / "state.pt", weights_only=True)
+    libraries: dict[str, ctypes.CDLL] = {}
+    launchers = {}
+    for name, k in manifest["kernels"].items():
+        if k["library"] not in libraries:
+            libraries[k["library"]] = ctypes.CDLL(str(path / "kernels" / k["library"]))
+        fn = getattr(libraries[k["library"]], name)
+        fn.argtypes = [ctypes.c_void_p] * k["arguments"]
+        fn.restype = None
+        launchers[name] = fn
+    call = host_codegen.load(host, launchers)
+    state = [state_dict[name] for name in manifest["state"]]
+    return LoadedProgram(path, manifest, call, state, list(libraries.values()))
