@@ -15,7 +15,7 @@ import torch
 from kiln.options import Options
 
 __version__ = "0.1.0"
-__all__ = ["compile", "jit", "explain", "export", "load", "Options", "__version__"]
+__all__ = ["compile", "jit", "explain", "export", "load", "stats", "reset_stats", "Options", "__version__"]
 
 
 def compile(model_or_fn: Callable | None = None, **options: Any) -> Callable:
@@ -96,3 +96,17 @@ def load(path: str) -> Callable:
     from kiln.runtime.artifact import load as _load
 
     return _load(path)
+
+
+def stats():
+    """What kiln did in this process: graphs compiled, programs per symbolic-shape graph,
+    kernels built and found in the cache, graphs and ops run in ATen (kiln.stats.Stats)."""
+    from kiln import counters as _stats
+
+    return _stats.snapshot()
+
+
+def reset_stats() -> None:
+    from kiln import counters as _stats
+
+    _stats.reset()

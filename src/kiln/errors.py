@@ -10,6 +10,8 @@ import collections
 import logging
 from dataclasses import dataclass
 
+from kiln import counters
+
 log = logging.getLogger("kiln")
 
 # by design:   kiln leaves it to ATen on purpose (e.g. integer interpolation, scans)
@@ -55,6 +57,7 @@ def record(fallback: Fallback) -> Fallback:
     """Keep the record and tell the user once: a whole graph in ATen, or a kiln bug, is a
     warning; an op kiln has no lowering for is expected and logged at info level."""
     FALLBACKS.append(fallback)
+    counters.ran_in_aten(fallback.scope, fallback.kind, fallback.reason, fallback.op)
     if fallback.scope == "graph" or fallback.kind == "internal":
         log.warning("%s", fallback)
     else:

@@ -15,7 +15,7 @@ from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
-from kiln import errors
+from kiln import counters, errors
 from kiln.codegen.backends import get_backend, resolve_target, target_problem
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
@@ -25,6 +25,8 @@ from kiln.lower.core import Unsupported
 from kiln.options import Options, backend_options, env_debug
 
 log = logging.getLogger("kiln")
+# kiln's compiles per shape show with Dynamo's own under TORCH_LOGS=recompiles
+recompiles_log = torch._logging.getArtifactLogger("torch._dynamo.backends.kiln", "recompiles")
 
 
 class ReportLog:
@@ -102,6 +104,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
             fn, report = compile_graph(gm, example_inputs, get_backend(target, options))
             report.partition = partition_summary
             REPORTS.append(report)
+            counters.graph_compiled(len(report.kernels), report.cache_hits)
             fn._boxed_call = True
             if options.mode == "reduce-overhead" and device.type == "cuda":
                 from kiln.runtime.cudagraphs import CudaGraphRunner, static_input_indices
@@ -173,10 +176,13 @@ class _PerShape:
     past Dynamo's recompile limit, new shapes run in ATen."""
 
     SHAPE_LIMIT = 16
+    _made = 0  # symbolic graphs met in this process: each is numbered in kiln.stats()
 
     def __init__(self, gm: fx.GraphModule, options: Options):
         self.gm, self.options = gm, options
         self.compiled: dict[tuple, Callable] = {}
+        self.number = _PerShape._made
+        _PerShape._made += 1
 
     @torch.compiler.disable  # compiling traces the graph: Dynamo must not trace that again
     def __call__(self, *args: Any) -> Any:
@@ -189,6 +195,10 @@ class _PerShape:
                     log.warning("kiln: a graph met %d shapes; further shapes run in ATen", self.SHAPE_LIMIT)
                 fn = self.compiled[key] = self.gm.forward
             else:
+                variants = counters.shape_variant(self.number)
+                shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+                recompiles_log.debug("kiln: symbolic graph %d compiled for shapes %s (program %d of at most "
+                                     "%d)", self.number, shapes, variants, self.SHAPE_LIMIT)
                 fn = self.compiled[key] = _or_aten(self.gm, _compile_shape, self.gm, args, self.options)
         return fn(*args)
 
