@@ -18,6 +18,7 @@ from kiln.ir.index import Expr, Sym
 from kiln.ir.kernel import compute_dtype
 from kiln.ir.tensor import Node, Op, dim_syms, value_sym
 from kiln.passes.fusion import FusionMismatch, KernelPlan, reductions_below
+from kiln.passes.layout import iteration_order
 
 # Integer divisions eager raises on when the divisor is zero.
 INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
@@ -366,7 +367,27 @@ class KernelEmitter:
         if self.checks:
             params += (k.Param(ERROR_PARAM, torch.int64, True),)
             args += (ERROR_PARAM,)
-        return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch, args, tuple(self.checks))
+        outer, reduce = _loop_orders(self.outer, self.reduce, stages, scratch)
+        return k.Kernel(self.name, outer, reduce, params, stages, scratch, args, tuple(self.checks))
+
+
+def _buffer_accesses(stages: tuple[k.Stage, ...], scratch: tuple[k.Scratch, ...]) -> list[tuple[bool, k.Stmt]]:
+    """(in a loop stage, statement) of each load and store of a buffer (not of a row array),
+    stores first: a kernel writes in the order it iterates."""
+    rows = {sc.name for sc in scratch}
+    found = [(st.loop, s) for st in stages for s in st.body
+             if isinstance(s, (k.Load, k.Store)) and s.buf not in rows]
+    return [a for a in found if isinstance(a[1], k.Store)] + [a for a in found if isinstance(a[1], k.Load)]
+
+
+def _loop_orders(outer, reduce, stages: tuple[k.Stage, ...], scratch: tuple[k.Scratch, ...]):
+    """The outer and reduction loops in the memory order of the buffers they walk. An arg
+    reduction keeps the logical order: its ties go to the first position it visits."""
+    accesses = _buffer_accesses(stages, scratch)
+    outer = iteration_order(outer, [s.index for _, s in accesses])
+    if not any(isinstance(s, k.Reduce) and s.kind in ("argmax", "argmin") for st in stages for s in st.body):
+        reduce = iteration_order(reduce, [s.index for loop, s in accesses if loop])
+    return outer, reduce
 
 
 def _positional_params(stages: tuple[k.Stage, ...], params: dict[str, k.Param]):
