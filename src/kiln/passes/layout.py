@@ -105,13 +105,21 @@ def order_name(shape: tuple[int, ...], stride: tuple[int, ...]) -> str:
 class LayoutChoice:
     """The strides chosen for a computed tensor, and why (what explain and tests read)."""
 
-    node: Node
+    node: str  # as IR text: "%12 pointwise.add"
+    shape: tuple[int, ...]
     stride: tuple[int, ...]
     reason: str
 
     @property
     def name(self) -> str:
-        return order_name(self.node.shape, self.stride)
+        return order_name(self.shape, self.stride)
+
+    def __str__(self) -> str:
+        return f"{self.node} {list(self.shape)}: {self.name} {list(self.stride)}, {self.reason}"
+
+
+def node_label(n: Node) -> str:
+    return f"%{n.id} {n.op.value}" + (f".{n.attrs[0]}" if n.op in (Op.POINTWISE, Op.REDUCE) else "")
 
 
 def _view_strides(n: Node, src_stride: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -159,6 +167,14 @@ def _given(n: Node) -> tuple[int, ...] | None:
     return n.inputs[0].attrs[3][n.attrs[0]].stride
 
 
+def _choice(n: Node, stride: tuple[int, ...], reason: str) -> LayoutChoice:
+    return LayoutChoice(node_label(n), n.shape, stride, reason)
+
+
+def given_reason(n: Node) -> str:
+    return {Op.INPUT: "graph input", Op.EXTERN: "result of an ATen call"}.get(n.op, "result of an ATen call")
+
+
 class Layouts:
     """layouts(node) -> the strides node has when it is a buffer."""
 
@@ -169,7 +185,7 @@ class Layouts:
         for node, stride in zip(graph.outputs, graph.output_strides or []):
             if (isinstance(node, Node) and stride is not None and node not in self._chosen
                     and len(stride) == len(node.shape) and is_non_overlapping(node.shape, stride)):
-                self._chosen[node] = LayoutChoice(node, tuple(stride), "graph output: eager's strides")
+                self._chosen[node] = _choice(node, tuple(stride), "graph output: eager's strides")
         for n in graph.nodes:  # what an ATen op reads: the strides eager handed it
             wanted = n.meta.get(ARG_STRIDES, {}) if n.op is Op.EXTERN else {}
             for position, stride in wanted.items():
@@ -178,7 +194,7 @@ class Layouts:
                     continue
                 if len(stride) == len(arg.shape) and is_dense(arg.shape, stride):
                     why = f"read by ATen call %{n.id} {n.attrs[0]}, in the strides eager hands it"
-                    self._chosen[arg] = LayoutChoice(arg, tuple(stride), why)
+                    self._chosen[arg] = _choice(arg, tuple(stride), why)
         self._eager = _propagate(graph)
 
     def __call__(self, n: Node) -> tuple[int, ...] | None:
@@ -196,20 +212,31 @@ class Layouts:
             stride = dense_strides(n.shape, order)
         else:
             stride = eager
-        if stride == contiguous_strides(n.shape) or same_strides(n.shape, stride, contiguous_strides(n.shape)):
-            choice = LayoutChoice(n, contiguous_strides(n.shape), "its producer's order is the logical one")
+        if same_strides(n.shape, stride, contiguous_strides(n.shape)):
+            choice = _choice(n, contiguous_strides(n.shape), "computed from tensors in logical order")
         else:
-            choice = LayoutChoice(n, stride, "follows the order of the tensors it is computed from")
+            choice = _choice(n, stride, "follows the order of the tensors it is computed from, as in eager")
         self._chosen[n] = choice
         return choice
+
+
+def step_along(e: ix.Expr, sym: ix.Sym, syms: tuple[ix.Sym, ...]) -> int:
+    """How far access e moves in memory for one step along sym, from the origin (through a
+    reshape's divisions too); 0 where it does not move or depends on loaded values."""
+    if e.is_affine():
+        return e.coef(sym)
+    origin = {s: ix.as_expr(0) for s in syms}
+    at0, at1 = ix.substitute(e, origin), ix.substitute(e, {**origin, sym: ix.as_expr(1)})
+    return at1.const - at0.const if not at0.terms and not at1.terms else 0
 
 
 def _order_along(e: ix.Expr, syms: tuple[ix.Sym, ...]) -> tuple[ix.Sym, ...] | None:
     """syms outermost first as access e walks memory (largest step outside), or None when e
     does not step along each of them (a broadcast read, a gathered index)."""
-    if any(e.coef(s) == 0 for s in syms):
+    steps = {s: abs(step_along(e, s, syms)) for s in syms}
+    if 0 in steps.values():
         return None
-    return tuple(sorted(syms, key=lambda s: -abs(e.coef(s))))
+    return tuple(sorted(syms, key=lambda s: -steps[s]))
 
 
 def iteration_order(syms: tuple[ix.Sym, ...], accesses: list[ix.Expr]) -> tuple[ix.Sym, ...]:
