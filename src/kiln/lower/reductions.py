@@ -166,7 +166,7 @@ def _vector_norm(ctx: LowerCtx, x, ord=2, dim=None, keepdim=False, *, dtype=None
     acc = dtype or x.dtype
     acc = torch.float32 if acc in (torch.bfloat16, torch.float16) else acc
     magnitude = pointwise(ctx.b, "abs", cast(ctx.b, x, acc))
-    reduced = range(len(x.shape)) if dims is None else dims
+    reduced = range(len(x.shape)) if dims is None or not x.shape else dims
     if ord == 1 or all(x.shape[d] == 1 for d in reduced):
         total = reduce(ctx.b, "sum", magnitude, dims, keepdim, acc)
     elif ord == 2:
