@@ -233,3 +233,28 @@ def test_dim_order_follows_tensor_iterator():
         order = dim_order(tuple(a.shape), [a.stride(), b.stride()])
         assert dense_strides(tuple(a.shape), order) == eager, (a.stride(), b.stride(), eager)
     assert is_channels_last_order(dim_order((2, 3, 4, 5), [(60, 1, 15, 3)]))
+
+
+def test_channels_last_block_trains_like_eager():
+    """Forward and backward graphs of a channels_last block (batch norm in training mode):
+    gradients and running statistics match eager, and the backward copies no layouts."""
+    torch.manual_seed(0)
+    eager = ResidualBlock(8).to(memory_format=CHANNELS_LAST).train()
+    torch.manual_seed(0)
+    model = ResidualBlock(8).to(memory_format=CHANNELS_LAST).train()
+    x = torch.randn(2, 8, 6, 6).to(memory_format=CHANNELS_LAST)
+    xe, xk = x.clone().requires_grad_(), x.clone().requires_grad_()
+    eager(xe).square().sum().backward()
+    from kiln.frontend.backend import REPORTS
+
+    with REPORTS.collect() as reports:
+        out, _ = run_compiled(lambda t: model(t).square().sum(), xk)
+        out.backward()
+    tol = dict(rtol=1e-4, atol=1e-4)
+    assert_same(xk.grad, xe.grad, tol)
+    for (name, pe), pk in zip(eager.named_parameters(), model.parameters()):
+        assert_same(pk.grad, pe.grad, tol)
+    assert_same(model.bn2.running_mean, eager.bn2.running_mean, tol)
+    assert len(reports) == 2  # forward and backward
+    assert not [d for r in reports for d in _transposes(r)]
+    assert all(_walks_contiguously(kern) for r in reports for kern in r.kernels)
