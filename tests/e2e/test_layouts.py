@@ -258,3 +258,24 @@ def test_channels_last_block_trains_like_eager():
     assert len(reports) == 2  # forward and backward
     assert not [d for r in reports for d in _transposes(r)]
     assert all(_walks_contiguously(kern) for r in reports for kern in r.kernels)
+
+
+def test_memory_format_conversion_in_the_program_is_one_named_copy():
+    """An NCHW input converted to channels_last inside the program for a channels_last block:
+    one kernel converts, the decision names the request, and everything after stays
+    channels_last without further copies."""
+    torch.manual_seed(0)
+    model = randomize_batchnorm(ResidualBlock()).to(memory_format=CHANNELS_LAST).eval()
+
+    def f(x):
+        return model(x.contiguous(memory_format=CHANNELS_LAST))
+
+    x = torch.randn(2, 16, 5, 6)
+    with torch.no_grad():
+        expected = f(x)
+        actual, report = run_compiled(f, x)
+    assert_same(actual, expected)
+    transposes = _transposes(report)
+    assert len(transposes) == 1, report.decisions
+    assert "memory format the program asks for" in transposes[0].reason
+    assert all(c.name == "channels_last" for c in _image_buffers(report, x.shape)), report.layouts

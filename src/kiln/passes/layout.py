@@ -13,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.ir import index as ix
-from kiln.ir.tensor import Graph, Node, Op, contiguous_strides, dim_syms
+from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, contiguous_strides, dim_syms
 
 # EXTERN meta key: {input position: the strides eager handed the ATen op for that argument}
 ARG_STRIDES = "arg_strides"
+# meta key of a copy the program makes into another memory format: the strides it asks for
+REQUESTED_STRIDES = "requested_strides"
 
 
 def is_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
@@ -144,6 +146,8 @@ def _propagate(graph: Graph) -> dict[Node, tuple[int, ...]]:
             out[n] = (0,) * len(n.shape)
         elif n.op is Op.VIEW:
             out[n] = _view_strides(n, out[n.inputs[0]]) or contiguous_strides(n.shape)
+        elif REQUESTED_STRIDES in n.meta and is_dense(n.shape, n.meta[REQUESTED_STRIDES]):
+            out[n] = n.meta[REQUESTED_STRIDES]
         elif n.op is Op.POINTWISE:
             operands = [out[i] for i in n.inputs if i.shape == n.shape]
             out[n] = dense_strides(n.shape, dim_order(n.shape, operands))
@@ -190,7 +194,7 @@ class Layouts:
             wanted = n.meta.get(ARG_STRIDES, {}) if n.op is Op.EXTERN else {}
             for position, stride in wanted.items():
                 arg = n.inputs[position]
-                if arg.op in (Op.INPUT, Op.EXTERN, Op.ITEM) or arg in self._chosen:
+                if arg.op in MATERIALIZED or arg in self._chosen or REQUESTED_STRIDES in arg.meta:
                     continue
                 if len(stride) == len(arg.shape) and is_dense(arg.shape, stride):
                     why = f"read by ATen call %{n.id} {n.attrs[0]}, in the strides eager hands it"
@@ -212,7 +216,9 @@ class Layouts:
             stride = dense_strides(n.shape, order)
         else:
             stride = eager
-        if same_strides(n.shape, stride, contiguous_strides(n.shape)):
+        if REQUESTED_STRIDES in n.meta and stride == n.meta[REQUESTED_STRIDES]:
+            choice = _choice(n, stride, "a copy into the memory format the program asks for")
+        elif same_strides(n.shape, stride, contiguous_strides(n.shape)):
             choice = _choice(n, contiguous_strides(n.shape), "computed from tensors in logical order")
         else:
             choice = _choice(n, stride, "follows the order of the tensors it is computed from, as in eager")
