@@ -279,3 +279,20 @@ def test_memory_format_conversion_in_the_program_is_one_named_copy():
     assert len(transposes) == 1, report.decisions
     assert "memory format the program asks for" in transposes[0].reason
     assert all(c.name == "channels_last" for c in _image_buffers(report, x.shape)), report.layouts
+
+
+def test_nchw_input_to_a_channels_last_block_copies_layouts_once():
+    """The block's weights are channels_last, its input NCHW: the convolutions (ATen) take the
+    input as it is, and the one kernel that adds the NCHW input to a channels_last result is
+    the only copy between layouts, named with both buffers."""
+    torch.manual_seed(0)
+    model = randomize_batchnorm(ResidualBlock()).to(memory_format=CHANNELS_LAST).eval()
+    x = torch.randn(2, 16, 5, 6)
+    with torch.no_grad():
+        expected = model(x)
+        actual, report = run_compiled(model, x)
+    assert_same(actual, expected)
+    transposes = _transposes(report)
+    assert len(transposes) == 1, report.decisions
+    assert "input contiguous [2, 16, 5, 6] (graph input)" in transposes[0].reason, transposes[0].reason
+    assert "channels_last [2, 16, 5, 6] (graph output" in transposes[0].reason, transposes[0].reason
