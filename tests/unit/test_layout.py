@@ -75,3 +75,12 @@ def test_iteration_order_follows_the_first_access_that_walks_every_loop():
     one = ix.Sym("x4", 1)
     assert iteration_order((n, one, c, h, w), [store]) == (one, n, h, w, c)
     assert iteration_order((n, c), [bias]) == (n, c)  # nothing walks both: as given
+
+
+def test_a_flipped_input_keeps_its_order():
+    b = Builder()
+    x = _input(b, 0, (4, 5), (5, 1))
+    rows_reversed = (ix.as_expr(ix.Sym("d0", 4)) * -1 + 3, ix.as_expr(ix.Sym("d1", 5)))
+    flipped = b.make(Op.VIEW, (x,), (rows_reversed, (), 0), (4, 5), torch.float32)
+    y = pointwise(b, "neg", flipped)
+    assert Layouts(b.finish([y], 1))(y) == (5, 1)

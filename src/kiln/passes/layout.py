@@ -67,7 +67,7 @@ def dim_order(shape: tuple[int, ...], operands: list[tuple[int, ...]]) -> tuple[
 
     def inner_first(d0: int, d1: int) -> int:  # > 0: d1 goes inside d0 (d0 is outer)
         for strides in operands:
-            s0, s1 = strides[d0], strides[d1]
+            s0, s1 = abs(strides[d0]), abs(strides[d1])  # a flipped view walks its dims alike
             if s0 == 0 or s1 == 0:
                 continue
             if s0 != s1:
@@ -176,7 +176,8 @@ def _choice(n: Node, stride: tuple[int, ...], reason: str) -> LayoutChoice:
 
 
 def given_reason(n: Node) -> str:
-    return {Op.INPUT: "graph input", Op.EXTERN: "result of an ATen call"}.get(n.op, "result of an ATen call")
+    """Why a tensor kiln does not compute has its strides."""
+    return "graph input" if n.op is Op.INPUT else "result of an ATen call"
 
 
 class Layouts:
