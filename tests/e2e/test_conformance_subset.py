@@ -101,7 +101,6 @@ FALLBACK_PASS = {
         "nn.functional.instance_norm",
         "special.log_ndtr",
         "isin",
-        "nn.functional.cosine_similarity",
         "_unsafe_masked_index_put_accumulate",
         "cfloat",
         "cdouble",
@@ -113,7 +112,6 @@ FALLBACK_PASS = {
     "bfloat16": {
         "nn.functional.scaled_dot_product_attention",
         "nn.functional.instance_norm",
-        "renorm",
         "nn.functional.local_response_norm",
         "nn.functional.cosine_embedding_loss",
         "bernoulli",

@@ -20,6 +20,7 @@ from kiln.lower.context import LowerCtx
 from kiln.lower.core import WEAK_SCALAR, Unsupported, cast, constant, is_weak_scalar
 from kiln.lower.registry import lookup
 from kiln.options import env_debug
+from kiln.passes.layout import ARG_STRIDES
 
 aten = torch.ops.aten
 # The most nodes one ATen call may lower to: a lowering that loops over a dimension's extent
@@ -46,7 +47,10 @@ def _layouts(val: Any) -> tuple:
     return (None,)
 
 
-def _extern(b: Builder, target, args, kwargs, val, reason: str, effectful: bool = False) -> Node:
+def _extern(b: Builder, target, args, kwargs, val, reason: str, effectful: bool = False,
+            arg_strides: dict[Node, tuple[int, ...]] | None = None) -> Node:
+    """An ATen call; arg_strides: eager's strides of its tensor arguments, which kiln hands it
+    the same (a convolution given channels_last reads it without converting)."""
     inputs: list[Node] = []
 
     def ref(a):
@@ -62,7 +66,11 @@ def _extern(b: Builder, target, args, kwargs, val, reason: str, effectful: bool 
     shape = tuple(val.shape) if single else ()
     dtype = val.dtype if single else torch.float32
     attrs = (target, args_t, kwargs_t, layouts, reason, single)
-    return b.make(Op.EXTERN, tuple(inputs), attrs, shape, dtype, {"effectful": True} if effectful else None)
+    meta: dict = {"effectful": True} if effectful else {}
+    wanted = {k: arg_strides[i] for k, i in enumerate(inputs) if i in (arg_strides or {})}
+    if wanted:
+        meta[ARG_STRIDES] = wanted
+    return b.make(Op.EXTERN, tuple(inputs), attrs, shape, dtype, meta)
 
 
 def _check(result: Node, val: torch.Tensor, b: Builder) -> Node:
@@ -266,7 +274,18 @@ def _lower_call(
         kind = "by design" if by_design else "unsupported"
         errors.record(errors.Fallback("op", kind, reason, name))
     fallbacks[name] = reason
-    return _extern(b, n.target, args, kwargs, val, reason, effectful)
+    return _extern(b, n.target, args, kwargs, val, reason, effectful, _eager_arg_strides(n, env))
+
+
+def _eager_arg_strides(n: fx.Node, env: dict) -> dict[Node, tuple[int, ...]]:
+    """The strides eager hands the call for each tensor argument kiln computes."""
+    out: dict[Node, tuple[int, ...]] = {}
+    for a in tree_flatten((n.args, n.kwargs))[0]:
+        val = a.meta.get("val") if isinstance(a, fx.Node) else None
+        node = env.get(a) if isinstance(a, fx.Node) else None
+        if isinstance(node, Node) and isinstance(val, torch.Tensor) and node not in out:
+            out[node] = tuple(val.stride())
+    return out
 
 
 def _scalar_read(b: Builder, tensor: Any) -> Node:

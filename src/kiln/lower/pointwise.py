@@ -6,10 +6,11 @@ import math
 
 import torch
 
-from kiln.ir.tensor import Node
+from kiln.ir.tensor import Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import Unsupported, cast, constant, pointwise, promote
 from kiln.lower.registry import lowering
+from kiln.passes.layout import REQUESTED_STRIDES, same_strides
 
 aten = torch.ops.aten
 
@@ -186,12 +187,27 @@ def _to_copy(ctx: LowerCtx, x, *, dtype=None, layout=None, device=None, pin_memo
              non_blocking=False, memory_format=None):
     if device is not None and not ctx.result_on_graph_device():
         raise Unsupported("copy to another device")
-    return cast(ctx.b, x, dtype or x.dtype)
+    return _in_memory_format(ctx, cast(ctx.b, x, dtype or x.dtype), x, memory_format)
 
 
 @lowering(aten.clone.default)
 def _clone(ctx: LowerCtx, x, *, memory_format=None):
-    return x
+    return _in_memory_format(ctx, x, x, memory_format)
+
+
+def _in_memory_format(ctx: LowerCtx, value: Node, x: Node, memory_format) -> Node:
+    """value, as a copy that asks for eager's strides where the program changes the memory
+    format (x.contiguous(memory_format=torch.channels_last)): the layout pass gives that copy
+    the strides asked for, so that one kernel converts and its readers (a convolution) get
+    the layout they were written for. Elsewhere the value itself, in whatever layout it has."""
+    val = ctx.fx_node.meta.get("val") if ctx.fx_node is not None else None
+    src = ctx.arg_val(0)
+    if memory_format in (None, torch.preserve_format) or val is None or src is None:
+        return value
+    if same_strides(tuple(val.shape), tuple(val.stride()), tuple(src.stride())):
+        return value
+    return ctx.b.make(Op.POINTWISE, (value,), ("cast",), value.shape, value.dtype,
+                      meta={REQUESTED_STRIDES: tuple(val.stride())})
 
 
 @lowering(aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)

@@ -145,3 +145,34 @@ def _var_mean(ctx: LowerCtx, x, dim=None, *, correction=None, keepdim=False):
 def _std(ctx: LowerCtx, x, dim=None, *, correction=None, keepdim=False):
     var, _ = _var(ctx, x, dim, correction, keepdim)
     return pointwise(ctx.b, "sqrt", var, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.linalg_vector_norm.default)
+def _vector_norm(ctx: LowerCtx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """linalg.vector_norm as eager's kernel computes it: the square root of a sum of squares
+    (ord 2), a sum of magnitudes (1), the largest or smallest magnitude (inf, -inf), a count
+    of nonzeros (0), (sum |x|^p)^(1/p) for any other p; sums in float32 for low-precision
+    inputs. Over dims of size 1 it is |x| exactly (no power and root to round)."""
+    if not x.dtype.is_floating_point:
+        raise Unsupported("vector norm of a non-float tensor")
+    dims = _dims(x, dim) or None  # [] reduces every dim
+    ord = float(ord)
+    if ord == 0:
+        return reduce(ctx.b, "sum", pointwise(ctx.b, "ne", x, 0.0), dims, keepdim, ctx.out_dtype)
+    if abs(ord) == math.inf:
+        magnitude = pointwise(ctx.b, "abs", x)
+        kind = "max" if ord > 0 else "min"
+        return cast(ctx.b, reduce(ctx.b, kind, magnitude, dims, keepdim, x.dtype), ctx.out_dtype)
+    acc = dtype or x.dtype
+    acc = torch.float32 if acc in (torch.bfloat16, torch.float16) else acc
+    magnitude = pointwise(ctx.b, "abs", cast(ctx.b, x, acc))
+    reduced = range(len(x.shape)) if dims is None or not x.shape else dims
+    if ord == 1 or all(x.shape[d] == 1 for d in reduced):
+        total = reduce(ctx.b, "sum", magnitude, dims, keepdim, acc)
+    elif ord == 2:
+        total = pointwise(ctx.b, "sqrt", reduce(ctx.b, "sum", pointwise(ctx.b, "mul", magnitude, magnitude),
+                                                dims, keepdim, acc))
+    else:
+        powers = pointwise(ctx.b, "pow", magnitude, ord)
+        total = pointwise(ctx.b, "pow", reduce(ctx.b, "sum", powers, dims, keepdim, acc), 1.0 / ord)
+    return cast(ctx.b, total, ctx.out_dtype)

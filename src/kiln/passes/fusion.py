@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from kiln.ir import index as ix
 from kiln.ir.ops import LIBRARY_MATH
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, dim_syms
-from kiln.passes.layout import same_strides
+from kiln.passes.layout import node_label, same_strides
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,7 @@ class FusionMismatch(Exception):
         self.reason = reason
 
 
-def _label(n: Node) -> str:
-    kind = n.op.value + (f".{n.attrs[0]}" if n.op in (Op.POINTWISE, Op.REDUCE) else "")
-    return f"%{n.id} {kind}"
+_label = node_label
 
 
 def _affine_view_of_buffer(n: Node, stored: dict[Node, str], layouts) -> Alias | None:

@@ -17,7 +17,15 @@ from kiln.ir.checks import ERROR_PARAM, RULES, Check
 from kiln.ir.index import Expr, Sym
 from kiln.ir.kernel import compute_dtype
 from kiln.ir.tensor import Node, Op, dim_syms, value_sym
-from kiln.passes.fusion import FusionMismatch, KernelPlan, reductions_below
+from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, reductions_below
+from kiln.passes.layout import (
+    access_orders,
+    given_reason,
+    iteration_order,
+    node_label,
+    order_name,
+    step_along,
+)
 
 # Integer divisions eager raises on when the divisor is zero.
 INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
@@ -366,7 +374,28 @@ class KernelEmitter:
         if self.checks:
             params += (k.Param(ERROR_PARAM, torch.int64, True),)
             args += (ERROR_PARAM,)
-        return k.Kernel(self.name, self.outer, self.reduce, params, stages, scratch, args, tuple(self.checks))
+        outer, reduce = _loop_orders(self.outer, self.reduce, stages, scratch)
+        return k.Kernel(self.name, outer, reduce, params, stages, scratch, args, tuple(self.checks))
+
+
+def _buffer_accesses(stages: tuple[k.Stage, ...],
+                     scratch: tuple[k.Scratch, ...]) -> list[tuple[bool, k.Stmt]]:
+    """(in a loop stage, statement) of each load and store of a buffer (not of a row array),
+    stores first: a kernel writes in the order it iterates."""
+    rows = {sc.name for sc in scratch}
+    found = [(st.loop, s) for st in stages for s in st.body
+             if isinstance(s, (k.Load, k.Store)) and s.buf not in rows]
+    return [a for a in found if isinstance(a[1], k.Store)] + [a for a in found if isinstance(a[1], k.Load)]
+
+
+def _loop_orders(outer, reduce, stages: tuple[k.Stage, ...], scratch: tuple[k.Scratch, ...]):
+    """The outer and reduction loops in the memory order of the buffers they walk. An arg
+    reduction keeps the logical order: its ties go to the first position it visits."""
+    accesses = _buffer_accesses(stages, scratch)
+    outer = iteration_order(outer, [s.index for _, s in accesses])
+    if not any(isinstance(s, k.Reduce) and s.kind in ("argmax", "argmin") for st in stages for s in st.body):
+        reduce = iteration_order(reduce, [s.index for loop, s in accesses if loop])
+    return outer, reduce
 
 
 def _positional_params(stages: tuple[k.Stage, ...], params: dict[str, k.Param]):
@@ -421,3 +450,27 @@ def emit_kernel(
     keep_loaded_rows: bool = False,
 ) -> k.Kernel:
     return KernelEmitter(name, plan, buffer_names, layouts, row_scratch_limit, keep_loaded_rows).build()
+
+
+def transposing_copy(kernel: k.Kernel, plan: KernelPlan, buffer_names: dict[Node, str],
+                     layouts) -> Decision | None:
+    """A kernel whose buffers walk its points in different orders copies between layouts (one
+    of its accesses is strided): which buffers, in which layouts, and why each has its own."""
+    by_name = {name: node for node, name in buffer_names.items()}
+    accesses = [(arg, s.index) for st in kernel.stages for s in st.body if isinstance(s, (k.Load, k.Store))
+                for param, arg in zip(kernel.params, kernel.args) if param.name == s.buf]
+    orders = access_orders(kernel.outer + kernel.reduce, accesses)
+    if len(set(orders.values())) < 2:
+        return None
+    rows = kernel.reduce if kernel.reduce and not k.column_reduction(kernel) else kernel.outer
+    innermost = [s for s in rows if s.extent != 1][-1]
+    loops = kernel.outer + kernel.reduce
+    steps = dict(reversed([(arg, step_along(e, innermost, loops)) for arg, e in accesses]))
+    parts = []
+    for name in orders:
+        node = by_name[name]
+        why = given_reason(node) if node.op in (Op.INPUT, Op.EXTERN, Op.ITEM) else layouts.choice(node).reason
+        parts.append(f"{node_label(node)} {order_name(node.shape, layouts(node))} {list(node.shape)} "
+                     f"({why}) steps {steps[name]} along the innermost loop")
+    return Decision(node_label(plan.roots[0]), "transpose",
+                    f"{kernel.name} copies between layouts: " + "; ".join(parts))

@@ -41,11 +41,11 @@ from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
 from kiln.ir.host import HostProgram
 from kiln.ir.kernel import Kernel, kernel_str
-from kiln.ir.tensor import Graph, Node, Op
+from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, plan_stores, schedule
 from kiln.passes.host_plan import build_host_program
-from kiln.passes.kernelize import emit_kernel
-from kiln.passes.layout import Layouts
+from kiln.passes.kernelize import emit_kernel, transposing_copy
+from kiln.passes.layout import LayoutChoice, Layouts
 from kiln.passes.memory import plan_memory
 from kiln.passes.overlap import overlap_communication
 from kiln.passes.simplify import all_rules, simplify
@@ -65,6 +65,7 @@ class CompileReport:
     passes: list[PassRecord] = field(default_factory=list)
     graph_text: str = ""
     decisions: list[Decision] = field(default_factory=list)
+    layouts: list[LayoutChoice] = field(default_factory=list)  # strides of the buffers kernels compute
     fallbacks: dict[str, str] = field(default_factory=dict)
     kernels: list[Kernel] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
@@ -129,11 +130,17 @@ def compile_graph(
         t.summary = f"{len(stored)} buffers, {len(aliases)} views passed without copy"
     with _Timer(report, "fuse+kernelize") as t:
         sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend)
+        names = buffer_names_for(graph, sched.stored)
+        for step in sched.steps:
+            copy = transposing_copy(kernels[id(step)], step, names, layouts) if id(step) in kernels else None
+            if copy is not None:
+                sched.decisions.append(copy)
+        report.layouts = [layouts.choice(n) for n in graph.nodes
+                          if n in sched.stored and n.op not in MATERIALIZED]
         report.decisions = sched.decisions
         report.kernels = list({k.name: k for k in kernels.values()}.values())  # distinct kernels
         externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
         t.summary = f"{len(kernels)} kernels, {externs} ATen calls"
-    names = buffer_names_for(graph, sched.stored)
     with _Timer(report, "overlap") as t:
         moved = overlap_communication(sched, kernels, names)
         sched.decisions.extend(moved)

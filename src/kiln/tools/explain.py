@@ -38,6 +38,11 @@ def report_text(report: CompileReport, show_kernels: bool = False, show_source: 
     lines.append("decisions: " + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items())))
     for d in report.decisions:
         lines.append(f"  {d.verdict:<7} {d.node}: {d.reason}")
+    reordered = [c for c in report.layouts if c.name != "contiguous"]
+    if reordered:  # buffers in logical order are the rule; the others say why
+        contiguous = len(report.layouts) - len(reordered)
+        lines.append(f"layouts: {contiguous} buffers contiguous, {len(reordered)} not:")
+        lines.extend(f"  {c}" for c in reordered)
     if report.fallbacks:
         lines.append("ran in ATen:")
         for op, why in sorted(report.fallbacks.items()):
