@@ -135,10 +135,7 @@ NOT_CAPTURED = {("narrow", "float32"), ("tensor_split", "float32")}
 
 # Known kiln bugs, by entry and target (None: every target); the test is a strict xfail,
 # so a fix shows up as an unexpected pass and its line here must go.
-KNOWN_BUGS = {
-    ("copysign", "int", "triton"): "codegen/triton: no Triton rendering of copysign on int64 "
-    "(TritonUnsupported raised while compiling, the graph runs in ATen)",
-}
+KNOWN_BUGS: dict[tuple, str] = {}
 
 
 def _target() -> str:
