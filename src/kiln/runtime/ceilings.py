@@ -1,0 +1,159 @@
+"""The device's ceilings for the cost model (passes/cost.py): measured once per device and
+torch version, kept in one small JSON file in kiln's cache directory. A file that cannot be
+read or parsed is measured again and rewritten."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from kiln.passes.cost import Ceilings
+
+log = logging.getLogger("kiln")
+
+FILE_NAME = "ceilings.json"
+_in_process: dict[str, Ceilings] = {}
+
+
+def device_key(device: torch.device) -> str:
+    """What the ceilings depend on: the device's model and torch's version."""
+    return f"{device_name(device)} | torch {torch.__version__}"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    from kiln.runtime.cache import cpu_model
+
+    model = cpu_model().split(":", 1)[-1].strip()
+    return f"cpu: {model[:80]} x{torch.get_num_threads()} threads"
+
+
+def ceilings_for(device: torch.device, folder: Path | None = None,
+                 measure: Callable[[torch.device], Ceilings] | None = None) -> Ceilings:
+    """The ceilings of device: from this process, else the cache file, else measured (and
+    written back). folder: the cache directory (default kiln's); measure: for tests."""
+    key = device_key(device)
+    if folder is None and key in _in_process:
+        return _in_process[key]
+    if folder is None:
+        from kiln.runtime.cache import cache_root
+
+        folder = cache_root()
+    path = Path(folder) / FILE_NAME
+    table = _read(path)
+    found = table.get(key)
+    try:
+        ceilings = Ceilings.from_dict(found) if isinstance(found, dict) else None
+    except (KeyError, TypeError):
+        ceilings = None
+    if ceilings is None:
+        ceilings = (measure or measure_ceilings)(device)
+        table[key] = ceilings.to_dict()
+        _write(path, table)
+    _in_process[key] = ceilings
+    return ceilings
+
+
+def _read(path: Path) -> dict:
+    try:
+        table = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.info("kiln: the ceilings file %s is unreadable (%s); measuring again", path, e)
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def _write(path: Path, table: dict) -> None:
+    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        temp.write_text(json.dumps(table, indent=1, sort_keys=True))
+        os.replace(temp, path)
+    except OSError as e:  # kept for this process only
+        log.info("kiln: cannot write the ceilings file %s (%s)", path, e)
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+
+def _best_seconds(fn: Callable[[], None], device: torch.device, repeat: int, inner: int = 1) -> float:
+    """The fastest of `repeat` timings of `inner` calls of fn, per call (the least disturbed
+    by other load on the machine); CUDA events on a GPU."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            seconds = time.perf_counter() - t0
+        best = min(best, seconds / inner)
+    return best
+
+
+def _row_cache_bytes(device: torch.device) -> int:
+    """Where a CPU thread's rows stay between a kernel's stages: its core's L2 (sysfs), 1 MiB
+    where unknown. GPUs keep rows in registers, which the kernel IR shows as scratch: 0."""
+    if device.type != "cpu":
+        return 0
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
+        units = {"K": 1 << 10, "M": 1 << 20}
+        return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+    except (OSError, ValueError):
+        return 1 << 20
+
+
+# sizes per device type: a copy far beyond the caches, an op on data inside them, a matmul
+# large enough to reach the library's rate
+_SIZES = {
+    "cpu": dict(copy_bytes=128 << 20, op_elements=1 << 16, matmul=1024, matmul_dtype=torch.float32),
+    "cuda": dict(copy_bytes=1 << 30, op_elements=1 << 22, matmul=8192, matmul_dtype=torch.bfloat16),
+}
+
+
+def measure_ceilings(device: torch.device) -> Ceilings:
+    """Time a large copy, a simple element-wise op on data in the caches, a matmul and a tiny
+    op (the cost of one launch) on device. About half a second on a CPU."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    sizes = _SIZES["cuda" if device.type == "cuda" else "cpu"]
+    with unset_fake_temporarily(), torch.no_grad():
+        src = torch.empty(sizes["copy_bytes"] // 4, dtype=torch.float32, device=device).fill_(1.0)
+        dst = torch.empty_like(src)
+        copy_s = _best_seconds(lambda: dst.copy_(src), device, repeat=5)
+        del src, dst
+        a = torch.rand(sizes["op_elements"], device=device)
+        b, c = torch.rand_like(a), torch.empty_like(a)
+        op_s = _best_seconds(lambda: torch.add(a, b, out=c), device, repeat=5, inner=20)
+        n, dtype = sizes["matmul"], sizes["matmul_dtype"]
+        x = torch.randn(n, n, dtype=dtype, device=device)
+        y, z = torch.randn_like(x), torch.empty_like(x)
+        mm_s = _best_seconds(lambda: torch.mm(x, y, out=z), device, repeat=3)
+        one = torch.ones(1, device=device)
+        launch_s = _best_seconds(lambda: one.add_(0.0), device, repeat=5, inner=200)
+    copied = 2 * sizes["copy_bytes"]
+    return Ceilings(
+        device=device_name(device),
+        copy_bytes_per_s=copied / copy_s,
+        ops_per_s=sizes["op_elements"] / max(op_s - launch_s, op_s / 10),
+        matmul_flop_per_s=2.0 * n**3 / mm_s,
+        launch_s=launch_s,
+        row_cache_bytes=_row_cache_bytes(device),
+    )
