@@ -312,12 +312,17 @@ class BreakEven:
         return self.calls <= BREAK_EVEN_LIMIT
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, of: str = "") -> str:
+        """One line; `of` names what the compile seconds cover."""
         how = "measured" if self.measured else "predicted"
+        head = f"break-even{f' ({of})' if of else ''}:"
         if self.saving_s <= 0:
-            return (f"break-even: never (compiled call {-self.saving_s * 1e6:.1f} us slower than eager, "
-                    f"{how}; compile {self.compile_s:.2f} s)")
-        return (f"break-even: after {math.ceil(self.calls):,} calls (compile {self.compile_s:.2f} s, "
-                f"saves {self.saving_s * 1e6:.1f} us a call, {how})")
+            return (f"{head} never (a call saves {self.saving_s * 1e6:.1f} us, {how}; "
+                    f"compile {self.compile_s:.2f} s)")
+        return (f"{head} after {math.ceil(self.calls):,} calls (compile {self.compile_s:.2f} s, "
+                f"a call saves {self.saving_s * 1e6:.1f} us, {how})")
 
 
 def break_even(compile_s: float, eager_s: float, compiled_s: float, measured: bool) -> BreakEven:
@@ -369,7 +374,17 @@ def program_cost(program, kernels: list[Kernel], ceilings: Ceilings,
                  eager: list[Cost] | None = None) -> GraphCost:
     """The cost of one call of a host program (ir/host.py): each launch at its kernel's cost,
     each ATen call as eager runs it (shapes found by running the program on meta tensors)."""
-    from kiln.ir.host import Alloc, CallAten, CopyMemory, EagerLayout, EnsureLayout, Item, Launch, Restride, View
+    from kiln.ir.host import (
+        Alloc,
+        CallAten,
+        CopyMemory,
+        EagerLayout,
+        EnsureLayout,
+        Item,
+        Launch,
+        Restride,
+        View,
+    )
 
     by_name = {k.name: kernel_cost(k, ceilings) for k in kernels}
     buffers: dict[str, Any] = {s.name: _meta(s.shape, s.stride, s.dtype) for s in program.inputs}

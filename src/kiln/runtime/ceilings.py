@@ -128,6 +128,12 @@ _SIZES = {
 }
 
 
+def _copy_seconds(nbytes: int, device: torch.device) -> float:
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    return _best_seconds(lambda: dst.copy_(src), device, repeat=5)
+
+
 def measure_ceilings(device: torch.device) -> Ceilings:
     """Time a large copy, a simple element-wise op on data in the caches, a matmul and a tiny
     op (the cost of one launch) on device. About half a second on a CPU."""
@@ -135,10 +141,7 @@ def measure_ceilings(device: torch.device) -> Ceilings:
 
     sizes = _SIZES["cuda" if device.type == "cuda" else "cpu"]
     with unset_fake_temporarily(), torch.no_grad():
-        src = torch.empty(sizes["copy_bytes"] // 4, dtype=torch.float32, device=device).fill_(1.0)
-        dst = torch.empty_like(src)
-        copy_s = _best_seconds(lambda: dst.copy_(src), device, repeat=5)
-        del src, dst
+        copy_s = _copy_seconds(sizes["copy_bytes"], device)
         a = torch.rand(sizes["op_elements"], device=device)
         b, c = torch.rand_like(a), torch.empty_like(a)
         op_s = _best_seconds(lambda: torch.add(a, b, out=c), device, repeat=5, inner=20)
