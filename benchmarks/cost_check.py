@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         work = case.make(parsed.small)
         for name, kernel, predicted, measured, bound in check(case.name, work.fn, work.args):
             error = (predicted - measured) / measured
-            print(f"| {name} | {kernel} | {bound} | {predicted * 1e6:.1f} | {measured * 1e6:.1f} | {error:+.0%} |")
+            print(f"| {name} | {kernel} | {bound} | {predicted * 1e6:.1f} | {measured * 1e6:.1f} "
+                  f"| {error:+.0%} |")
             sys.stdout.flush()
     return 0
 

@@ -99,17 +99,19 @@ def _predict(name: str, must_move: int, moves: int, flops: float, work: float, l
 # --- kernels -------------------------------------------------------------------------------
 
 
-def _elements(index: Expr, syms: dict[str, int]) -> int:
-    """Distinct elements an index touches over the stage: the product of the extents of the
-    symbols it depends on (views without overlap map distinct points to distinct elements)."""
+def _elements(index: Expr, syms: dict[str, int], iterations: int) -> int:
+    """Distinct elements an index touches over a stage of `iterations`: the product of the
+    extents of the symbols it depends on (views without overlap map distinct points to
+    distinct elements), and no more than one a iteration (an index read from memory, as an
+    embedding's, is a symbol as wide as the table)."""
     n = 1
     for sym in index.symbols():
         n *= syms.get(sym.name, sym.extent or 1)
-    return n
+    return min(n, iterations)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
@@ -134,12 +136,13 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
         stage_reads: dict[str, int] = {}
         for s in stage.body:
             if isinstance(s, Load) and s.buf not in scratch:
-                size = _elements(s.index, extents) * _itemsize(s.dtype)
+                size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
                 stage_reads[s.buf] = max(stage_reads.get(s.buf, 0), size)
-                row = {n: extents[n] for n in reduce_names}
-                row_bytes[s.buf] = _elements(s.index, {**{n: 1 for n in extents}, **row}) * _itemsize(s.dtype)
+                row = {**{n: 1 for n in extents}, **{n: extents[n] for n in reduce_names}}
+                row_bytes[s.buf] = _elements(s.index, row, kernel.reduce_numel) * _itemsize(s.dtype)
             elif isinstance(s, Store) and s.buf not in scratch:
-                written[s.buf] = max(written.get(s.buf, 0), _elements(s.index, extents) * _itemsize(s.dtype))
+                size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
+                written[s.buf] = max(written.get(s.buf, 0), size)
             elif isinstance(s, Compute):
                 flops += iterations
                 work += iterations * _fn_cost(s.fn, ceilings)
@@ -447,9 +450,12 @@ def after_compile(report, before: tuple[Ceilings, list[Cost]] | None) -> GraphCo
     pay within BREAK_EVEN_LIMIT calls, by the predicted saving."""
     if before is None or report.host_program is None:
         return None
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     ceilings, eager = before
     try:
-        cost = program_cost(report.host_program, report.kernels, ceilings, eager)
+        with unset_fake_temporarily():  # meta tensors suffice: faking them again costs time
+            cost = program_cost(report.host_program, report.kernels, ceilings, eager)
     except Exception as e:  # noqa: BLE001 - an estimate, not part of the program
         log.debug("kiln: no cost estimate for this graph: %s: %s", type(e).__name__, e)
         return None
