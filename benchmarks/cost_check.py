@@ -1,6 +1,7 @@
 """The cost model against measured kernel times: `python -m benchmarks.cost_check [case ...]`.
 
-For each case (benchmarks/cases.py, the CPU cases; or the GPU kernel cases with --gpu), kiln.explain
+For each case (benchmarks/cases.py, the CPU cases; or the GPU kernel table's memory-bound cases,
+benchmarks/gpu.py, with --gpu), kiln.explain
 with measure=True; per kernel, the predicted time, the measured time (the fastest launch) and the
 prediction's error relative to the measured time."""
 
@@ -26,19 +27,37 @@ def check(name: str, fn, args: tuple) -> list[tuple[str, str, float, float, str]
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def workloads(gpu: bool, names: list[str], small: bool):
+    """(name, fn, args) of the chosen cases: the CPU cases, or the GPU table's memory-bound ones."""
+    if gpu:
+        from benchmarks.gpu import cases
+
+        for name, fn, args, nbytes, _, _ in cases():
+            if nbytes is not None and (not names or any(n in name for n in names)):
+                yield name, fn, args
+        return
     from benchmarks.cases import CASES
 
+    for case in CASES:
+        if not names or case.name in names:
+            work = case.make(small)
+            yield case.name, work.fn, work.args
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("cases", nargs="*", help="case names (default: all CPU cases)")
+    parser.add_argument("cases", nargs="*", help="case names (default: all)")
     parser.add_argument("--small", action="store_true", help="tiny shapes (a smoke run)")
+    parser.add_argument("--gpu", action="store_true", help="the GPU kernel table's memory-bound cases")
     parsed = parser.parse_args(argv)
-    chosen = [c for c in CASES if not parsed.cases or c.name in parsed.cases]
+    device = torch.device("cuda" if parsed.gpu else "cpu")
+    from kiln.passes.cost import Ceilings
+
+    print(Ceilings.for_device(device))
     print("| case | kernel | bound | predicted us | measured us | error |")
     print("|---|---|---|---|---|---|")
-    for case in chosen:
-        work = case.make(parsed.small)
-        for name, kernel, predicted, measured, bound in check(case.name, work.fn, work.args):
+    for case_name, fn, args in workloads(parsed.gpu, parsed.cases, parsed.small):
+        for name, kernel, predicted, measured, bound in check(case_name, fn, args):
             error = (predicted - measured) / measured
             print(f"| {name} | {kernel} | {bound} | {predicted * 1e6:.1f} | {measured * 1e6:.1f} "
                   f"| {error:+.0%} |")

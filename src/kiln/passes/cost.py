@@ -32,7 +32,8 @@ class Ceilings:
     copy_bytes_per_s: float  # bytes read + written a second by a large device copy
     ops_per_s: float  # simple element-wise operations a second (one op on one element)
     matmul_flop_per_s: float
-    launch_s: float  # the fixed cost of one kernel or ATen call
+    launch_s: float  # the fixed cost of one ATen call (eager's ops, kiln's ATen calls)
+    kernel_launch_s: float  # the fixed cost of one of kiln's kernels
     row_cache_bytes: int  # where a kernel's re-read rows stay between its loop stages (0: nowhere)
 
     def to_dict(self) -> dict:
@@ -85,15 +86,14 @@ class Cost:
     bound: str  # "memory", "compute", "matmul" or "launch": what the prediction is made of
 
 
-def _predict(name: str, must_move: int, moves: int, flops: float, work: float, launches: int,
+def _predict(name: str, must_move: int, moves: int, flops: float, work: float, launch_s: float,
              ceilings: Ceilings, rate: float, compute_bound: str) -> Cost:
     memory_s = moves / ceilings.copy_bytes_per_s
     compute_s = work / rate
     busy = max(memory_s, compute_s)
-    launch_s = launches * ceilings.launch_s
     bound = "launch" if launch_s > busy else ("memory" if memory_s >= compute_s else compute_bound)
     floor_s = max(must_move / ceilings.copy_bytes_per_s, compute_s)
-    return Cost(name, must_move, moves, flops, launches, launch_s + busy, floor_s, bound)
+    return Cost(name, must_move, moves, flops, 1, launch_s + busy, floor_s, bound)
 
 
 # --- kernels -------------------------------------------------------------------------------
@@ -157,7 +157,8 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
     must_move = sum(first_read.values()) + sum(written.values())
     rows_fit = sum(row_bytes[b] for b in again) <= ceilings.row_cache_bytes
     moves = must_move + (0 if rows_fit else sum(again.values()))
-    return _predict(kernel.name, must_move, moves, flops, work, 1, ceilings, ceilings.ops_per_s, "compute")
+    return _predict(kernel.name, must_move, moves, flops, work, ceilings.kernel_launch_s, ceilings,
+                    ceilings.ops_per_s, "compute")
 
 
 # --- ATen calls (kiln's extern calls and eager's ops) -----------------------------------------
@@ -224,11 +225,11 @@ def aten_cost(op: Any, args: list, out: Any, ceilings: Ceilings) -> Cost:
             flops = matmul(args, outputs[0])
         except (IndexError, AttributeError, StopIteration, TypeError):
             flops = 0.0
-        return _predict(name, reads + writes, reads + writes, flops, flops, 1, ceilings,
+        return _predict(name, reads + writes, reads + writes, flops, flops, ceilings.launch_s, ceilings,
                         ceilings.matmul_flop_per_s, "matmul")
     elements = sum(_numel(t.shape) for t in outputs)
     work = elements * _fn_cost(name, ceilings)
-    return _predict(name, reads + writes, reads + writes, float(elements), work, 1, ceilings,
+    return _predict(name, reads + writes, reads + writes, float(elements), work, ceilings.launch_s, ceilings,
                     ceilings.ops_per_s, "compute")
 
 

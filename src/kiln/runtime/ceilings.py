@@ -128,6 +128,40 @@ _SIZES = {
 }
 
 
+def _gpu_issue_rate(device: torch.device) -> float:
+    """Element operations a second on a GPU: one instruction per scheduler (4 an SM) per cycle,
+    a warp's lanes each. Not timed: every eager element-wise kernel is bound by memory there,
+    so no eager op shows the rate at which a fused kernel computes."""
+    props = torch.cuda.get_device_properties(device)
+    clock_hz = (getattr(props, "clock_rate", 0) or 1_500_000) * 1e3  # kHz; 1.5 GHz where unknown
+    return props.multi_processor_count * 4 * props.warp_size * clock_hz
+
+
+# the smallest kernel of kiln's C++ form: one OpenMP parallel loop, called through ctypes
+_LAUNCH_PROBE = """extern "C" void kiln_launch_probe(float* __restrict__ out0) {
+  #pragma omp parallel for
+  for (int64_t x0 = 0; x0 < 64; ++x0) {
+    out0[x0] = (float)x0;
+  }
+}
+"""
+
+
+def _cpp_launch_seconds(fallback: float) -> float:
+    """What launching one of kiln's C++ kernels costs (less than an ATen op's dispatch);
+    fallback where the probe does not build."""
+    from kiln.runtime import cpp_build
+
+    try:
+        (probe,) = cpp_build.build_all([(_LAUNCH_PROBE, "kiln_launch_probe", 1)])
+    except Exception as e:  # noqa: BLE001 - a ceiling, not part of any program
+        log.info("kiln: the launch probe did not build (%s); using an ATen op's launch cost", e)
+        return fallback
+    out = torch.empty(64)
+    address = out.data_ptr()
+    return _best_seconds(lambda: probe.fn(address), torch.device("cpu"), repeat=5, inner=200)
+
+
 def _copy_seconds(nbytes: int, device: torch.device) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
@@ -135,8 +169,8 @@ def _copy_seconds(nbytes: int, device: torch.device) -> float:
 
 
 def measure_ceilings(device: torch.device) -> Ceilings:
-    """Time a large copy, a simple element-wise op on data in the caches, a matmul and a tiny
-    op (the cost of one launch) on device. About half a second on a CPU."""
+    """Time a large copy, a simple element-wise op on data in the caches (CPU), a matmul and a
+    tiny op (the cost of one launch) on device. About half a second on a CPU."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     sizes = _SIZES["cuda" if device.type == "cuda" else "cpu"]
@@ -152,11 +186,15 @@ def measure_ceilings(device: torch.device) -> Ceilings:
         one = torch.ones(1, device=device)
         launch_s = _best_seconds(lambda: one.add_(0.0), device, repeat=5, inner=200)
     copied = 2 * sizes["copy_bytes"]
+    ops_per_s = sizes["op_elements"] / max(op_s - launch_s, op_s / 10)
+    if device.type == "cuda":
+        ops_per_s = _gpu_issue_rate(device)
     return Ceilings(
         device=device_name(device),
         copy_bytes_per_s=copied / copy_s,
-        ops_per_s=sizes["op_elements"] / max(op_s - launch_s, op_s / 10),
+        ops_per_s=ops_per_s,
         matmul_flop_per_s=2.0 * n**3 / mm_s,
         launch_s=launch_s,
+        kernel_launch_s=_cpp_launch_seconds(launch_s) if device.type == "cpu" else launch_s,
         row_cache_bytes=_row_cache_bytes(device),
     )
