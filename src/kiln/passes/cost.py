@@ -9,6 +9,7 @@ starting it. Pure functions of their inputs: nothing here runs a kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import asdict, dataclass, field
@@ -35,13 +36,18 @@ class Ceilings:
     launch_s: float  # the fixed cost of one ATen call (eager's ops, kiln's ATen calls)
     kernel_launch_s: float  # the fixed cost of one of kiln's kernels
     row_cache_bytes: int  # where a kernel's re-read rows stay between its loop stages (0: nowhere)
+    # writing memory the allocator has just mapped (a CPU's page faults): seconds a byte, for
+    # buffers of at least fresh_alloc_bytes (smaller ones reuse freed memory); 0 on GPUs
+    first_touch_s_per_byte: float = 0.0
+    fresh_alloc_bytes: int = 0
+    fn_cost: dict = field(default_factory=dict, compare=False)  # measured FN_COST (function -> ops)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @staticmethod
     def from_dict(data: dict) -> Ceilings:
-        return Ceilings(**{f: data[f] for f in Ceilings.__dataclass_fields__})
+        return Ceilings(**{f: data[f] for f in Ceilings.__dataclass_fields__})  # a missing field: KeyError
 
     @staticmethod
     def for_device(device: torch.device | str) -> Ceilings:
@@ -68,6 +74,9 @@ def _device_type(ceilings: Ceilings) -> str:
 
 
 def _fn_cost(fn: str, ceilings: Ceilings) -> float:
+    """Measured where the ceilings measured it (runtime/ceilings.py), else the table's."""
+    if fn in ceilings.fn_cost:
+        return ceilings.fn_cost[fn]
     return FN_COST.get(_device_type(ceilings), {}).get(fn, 1.0)
 
 
@@ -229,8 +238,10 @@ def aten_cost(op: Any, args: list, out: Any, ceilings: Ceilings) -> Cost:
                         ceilings.matmul_flop_per_s, "matmul")
     elements = sum(_numel(t.shape) for t in outputs)
     work = elements * _fn_cost(name, ceilings)
-    return _predict(name, reads + writes, reads + writes, float(elements), work, ceilings.launch_s, ceilings,
-                    ceilings.ops_per_s, "compute")
+    c = _predict(name, reads + writes, reads + writes, float(elements), work, ceilings.launch_s, ceilings,
+                 ceilings.ops_per_s, "compute")
+    threshold = ceilings.fresh_alloc_bytes or math.inf
+    return _first_touch(c, sum(n for n in map(_tensor_bytes, outputs) if n >= threshold), ceilings)
 
 
 def launches_nothing(op: Any) -> bool:
@@ -393,12 +404,17 @@ def program_cost(program, kernels: list[Kernel], ceilings: Ceilings,
     by_name = {k.name: kernel_cost(k, ceilings) for k in kernels}
     buffers: dict[str, Any] = {s.name: _meta(s.shape, s.stride, s.dtype) for s in program.inputs}
     cost = GraphCost(eager=list(eager or []), ceilings=ceilings)
+    fresh: dict[str, int] = {}  # newly mapped buffers not yet written
     for ins in program.body:
         if isinstance(ins, Launch):
             if ins.kernel in by_name:
-                cost.kernels.append(by_name[ins.kernel])
+                fresh_bytes = sum(fresh.pop(w, 0) for w in ins.writes)
+                cost.kernels.append(_first_touch(by_name[ins.kernel], fresh_bytes, ceilings))
         elif isinstance(ins, Alloc):
             buffers[ins.out] = _meta(ins.shape, ins.stride, ins.dtype)
+            nbytes = _numel(ins.shape) * ins.dtype.itemsize
+            if ins.slot is None and ceilings.fresh_alloc_bytes and nbytes >= ceilings.fresh_alloc_bytes:
+                fresh[ins.out] = nbytes
         elif isinstance(ins, (View, EnsureLayout, EagerLayout)):
             src = buffers.get(ins.base if isinstance(ins, View) else ins.src)
             dtype = getattr(ins, "dtype", None) or (src.dtype if src is not None else torch.float32)
@@ -419,6 +435,13 @@ def program_cost(program, kernels: list[Kernel], ceilings: Ceilings,
                 args = _on_meta(ins.args, buffers, program.constants)
                 cost.aten.append(aten_cost(ins.op, list(args), out, ceilings))
     return cost
+
+
+def _first_touch(c: Cost, fresh_bytes: int, ceilings: Ceilings) -> Cost:
+    """A kernel's cost when it is the first to write fresh_bytes of newly mapped memory."""
+    if not fresh_bytes:
+        return c
+    return dataclasses.replace(c, seconds=c.seconds + fresh_bytes * ceilings.first_touch_s_per_byte)
 
 
 def _resolved(op: Any) -> Any:

@@ -4,6 +4,7 @@ read or parsed is measured again and rewritten."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -162,6 +163,71 @@ def _cpp_launch_seconds(fallback: float) -> float:
     return _best_seconds(lambda: probe.fn(address), torch.device("cpu"), repeat=5, inner=200)
 
 
+# glibc maps allocations from this size up afresh each time (its largest mmap threshold): the
+# first write of each page faults. Smaller buffers come back from freed memory.
+FRESH_ALLOC_BYTES = 32 << 20
+
+
+def _first_touch_seconds() -> float:
+    """What the page faults of first writing FRESH_ALLOC_BYTES of new memory cost: a fill of
+    a new buffer less a fill of one already written."""
+    cpu = torch.device("cpu")
+    written = torch.empty(FRESH_ALLOC_BYTES // 4)
+    written.fill_(0.0)
+    refill = _best_seconds(lambda: written.fill_(1.0), cpu, repeat=3)
+    fresh = _best_seconds(lambda: torch.empty(FRESH_ALLOC_BYTES // 4).fill_(1.0), cpu, repeat=3)
+    return max(fresh - refill, 0.0)
+
+
+# functions whose cost in simple ops is measured on a CPU (libm's scalar code, as kiln calls it)
+MEASURED_FNS = ("exp", "log", "tanh", "erf", "gelu", "sigmoid", "sin", "cos", "sqrt", "div", "pow")
+_PROBE_ELEMENTS = 1 << 16  # 256 kB a buffer: in the caches
+
+
+def _probe_kernel(fn: str):
+    """Kernel IR of out0[x0] = fn(in0[x0]) (or fn(in0, in0) for two operands), as kiln makes it."""
+    from kiln.ir.index import Sym, sym
+    from kiln.ir.kernel import Compute, Kernel, Load, Param, Stage, Store
+
+    f32 = torch.float32
+    x0 = sym("x0", _PROBE_ELEMENTS)
+    operands = ("a", "a") if fn in ("div", "pow", "add") else ("a",)
+    body = (Load("a", "in0", x0, f32), Compute("b", fn, operands, f32), Store("out0", x0, "b", f32))
+    return Kernel(f"kiln_probe_{fn}", (Sym("x0", _PROBE_ELEMENTS),), (),
+                  (Param("in0", f32, False), Param("out0", f32, True)), (Stage(False, body),))
+
+
+def _cpp_fn_costs() -> tuple[float, dict[str, float]]:
+    """The seconds of kiln's C++ add over _PROBE_ELEMENTS elements in the caches (on all
+    threads), and each MEASURED_FNS function's time in units of the add's; (0, {}) where the
+    probes do not build."""
+    from kiln.codegen import cpp
+    from kiln.runtime import cpp_build
+
+    try:
+        fns = ("add", *MEASURED_FNS)
+        kernels = [_probe_kernel(fn) for fn in fns]
+        built = cpp_build.build_all([(cpp.render_kernel(k), k.name, 2) for k in kernels])
+    except Exception as e:  # noqa: BLE001 - a ceiling, not part of any program
+        log.info("kiln: the math probes did not build (%s); using the cost table", e)
+        return 0.0, {}
+    src = torch.rand(_PROBE_ELEMENTS) + 0.5
+    out = torch.empty_like(src)
+    args = (src.data_ptr(), out.data_ptr())
+    cpu, threads = torch.device("cpu"), torch.get_num_threads()
+    # on one thread: a parallel region waits for its slowest thread, which on a busy machine
+    # may wait out another process's time slice; the rate then scales with the threads
+    torch.set_num_threads(1)
+    try:
+        seconds = {fn: _best_seconds(lambda b=b: b.fn(*args), cpu, repeat=5, inner=20)
+                   for fn, b in zip(fns, built)}
+    finally:
+        torch.set_num_threads(threads)
+    add = seconds.pop("add") / threads
+    return add, {fn: round(max(s / seconds_add, 1.0), 2) for fn, s in seconds.items()
+                 for seconds_add in [add * threads]}
+
+
 def _copy_seconds(nbytes: int, device: torch.device) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
@@ -186,15 +252,28 @@ def measure_ceilings(device: torch.device) -> Ceilings:
         one = torch.ones(1, device=device)
         launch_s = _best_seconds(lambda: one.add_(0.0), device, repeat=5, inner=200)
     copied = 2 * sizes["copy_bytes"]
-    ops_per_s = sizes["op_elements"] / max(op_s - launch_s, op_s / 10)
-    if device.type == "cuda":
-        ops_per_s = _gpu_issue_rate(device)
-    return Ceilings(
+    ceilings = Ceilings(
         device=device_name(device),
         copy_bytes_per_s=copied / copy_s,
-        ops_per_s=ops_per_s,
+        ops_per_s=sizes["op_elements"] / max(op_s - launch_s, op_s / 10),
         matmul_flop_per_s=2.0 * n**3 / mm_s,
         launch_s=launch_s,
-        kernel_launch_s=_cpp_launch_seconds(launch_s) if device.type == "cpu" else launch_s,
+        kernel_launch_s=launch_s,
         row_cache_bytes=_row_cache_bytes(device),
     )
+    if device.type == "cuda":
+        return dataclasses.replace(ceilings, ops_per_s=_gpu_issue_rate(device))
+    return _with_cpp_kernels(ceilings)
+
+
+def _with_cpp_kernels(ceilings: Ceilings) -> Ceilings:
+    """A CPU's ceilings as kiln's own C++ kernels see them: their launch, their element-wise
+    rate and math functions (an eager op's rate differs), and the page faults of new memory."""
+    kernel_launch_s = _cpp_launch_seconds(ceilings.launch_s)
+    add_s, fn_cost = _cpp_fn_costs()
+    ops_per_s = _PROBE_ELEMENTS / add_s if add_s else ceilings.ops_per_s
+    with torch.no_grad():
+        touch_s = _first_touch_seconds()
+    return dataclasses.replace(ceilings, kernel_launch_s=kernel_launch_s, ops_per_s=ops_per_s,
+                               fn_cost=fn_cost, first_touch_s_per_byte=touch_s / FRESH_ALLOC_BYTES,
+                               fresh_alloc_bytes=FRESH_ALLOC_BYTES)

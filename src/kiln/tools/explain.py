@@ -309,12 +309,12 @@ def _launch_counts(report: CompileReport) -> Counter:
 
 
 def _graph(report: CompileReport, show_kernels: bool, show_source: bool) -> GraphExplanation:
-    from kiln.passes.cost import kernel_cost
-
     cost: GraphCost | None = report.cost
     launches = _launch_counts(report)
-    kernels = [KernelCost(k, kernel_cost(k, cost.ceilings) if cost and cost.ceilings else None,
-                          launches.get(k.name, 1)) for k in report.kernels]
+    first_launch = {}  # a kernel's cost at its first launch (which may write new memory)
+    for c in cost.kernels if cost else ():
+        first_launch.setdefault(c.name, c)
+    kernels = [KernelCost(k, first_launch.get(k.name), launches.get(k.name, 1)) for k in report.kernels]
     be = break_even(report.seconds, cost.eager_seconds, cost.seconds, False) if cost and cost.eager else None
     return GraphExplanation(report, kernels, cost, be, None, show_kernels, show_source)
 
