@@ -116,3 +116,23 @@ def test_explain_measures_kernels_and_the_break_even():
     assert "of the roofline" in text and "measured per call: eager" in text
     assert "kernel kernel0(" not in text
     assert_same(kiln.compile(softmax_of_sum)(x, y), softmax_of_sum(x, y))  # what was measured is right
+
+
+def test_explain_of_gpt2_shows_the_roofline_and_the_break_even():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+                                     use_cache=False)
+    model = transformers.GPT2Model(config).eval()
+    ids = torch.randint(0, 128, (2, 32))
+    with torch.no_grad():
+        explanation = kiln.explain(model, ids, measure=True, show_kernels=False)
+        assert_same(kiln.compile(model)(ids).last_hidden_state, model(ids).last_hidden_state)
+    graph = explanation.graphs[0]
+    assert len(graph.kernels) > 3 and all(k.measured_s > 0 and k.achieved > 0 for k in graph.kernels)
+    assert graph.cost.aten and graph.cost.eager_launches > graph.cost.launches
+    assert any(c.flops > 0 for c in graph.cost.aten)  # the projections' matmuls
+    text = str(explanation)
+    assert text.count("of the roofline") == len(graph.kernels)
+    assert "break-even (kiln's passes):" in text
+    assert "break-even (first call: Dynamo, AOTAutograd and kiln):" in text and "measured" in text

@@ -308,7 +308,9 @@ def _launch_counts(report: CompileReport) -> Counter:
     return Counter(i.kernel for i in body if isinstance(i, Launch))
 
 
-def _graph(report: CompileReport, show_kernels: bool, show_source: bool) -> GraphExplanation:
+def explained_graph(report: CompileReport, show_kernels: bool = True, show_source: bool = False
+                    ) -> GraphExplanation:
+    """A compile report as data, with its predicted costs (measured times are explain's)."""
     cost: GraphCost | None = report.cost
     launches = _launch_counts(report)
     first_launch = {}  # a kernel's cost at its first launch (which may write new memory)
@@ -346,7 +348,7 @@ def explain(fn: Callable, *args: Any, options: dict | None = None, show_kernels:
             compiled(*args, **kwargs)
             _sync(device)
             first_call_s = time.perf_counter() - t0
-        result = Explanation([_graph(r, show_kernels, show_source) for r in reports])
+        result = Explanation([explained_graph(r, show_kernels, show_source) for r in reports])
         costs = [g.cost for g in result.graphs if g.cost is not None]
         result.ceilings = costs[0].ceilings if costs else None
         if measure and reports:
