@@ -73,7 +73,7 @@ def test_explain_returns_data_whose_text_shows_the_costs():
     explanation = kiln.explain(softmax_of_sum, x, y)
     assert isinstance(explanation, Explanation) and len(explanation.graphs) == 1
     graph = explanation.graphs[0]
-    assert [p.name for p in graph.passes][:2] == ["attention", "import"]
+    assert {"attention", "import", "fuse+kernelize", "build"} <= {p.name for p in graph.passes}
     assert graph.host_program is not None and not graph.fallbacks
     assert {d.verdict for d in graph.decisions} == {"fused"}
     (kernel,) = graph.kernels

@@ -139,7 +139,7 @@ def _gpu_issue_rate(device: torch.device) -> float:
 
 
 # the smallest kernel of kiln's C++ form: one OpenMP parallel loop, called through ctypes
-_LAUNCH_PROBE = """extern "C" void kiln_launch_probe(float* __restrict__ out0) {
+_LAUNCH_PROBE = """extern "C" void kiln_probe_launch(float* __restrict__ out0) {
   #pragma omp parallel for
   for (int64_t x0 = 0; x0 < 64; ++x0) {
     out0[x0] = (float)x0;
@@ -154,7 +154,7 @@ def _cpp_launch_seconds(fallback: float) -> float:
     from kiln.runtime import cpp_build
 
     try:
-        (probe,) = cpp_build.build_all([(_LAUNCH_PROBE, "kiln_launch_probe", 1)])
+        (probe,) = cpp_build.build_all([(_LAUNCH_PROBE, "kiln_probe_launch", 1)])
     except Exception as e:  # noqa: BLE001 - a ceiling, not part of any program
         log.info("kiln: the launch probe did not build (%s); using an ATen op's launch cost", e)
         return fallback
@@ -237,20 +237,23 @@ def _copy_seconds(nbytes: int, device: torch.device) -> float:
 def measure_ceilings(device: torch.device) -> Ceilings:
     """Time a large copy, a simple element-wise op on data in the caches (CPU), a matmul and a
     tiny op (the cost of one launch) on device. About half a second on a CPU."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    # a compile measures them: outside its fake and functional tensor modes
+    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+        return _measure(device)
 
+
+def _measure(device: torch.device) -> Ceilings:
     sizes = _SIZES["cuda" if device.type == "cuda" else "cpu"]
-    with unset_fake_temporarily(), torch.no_grad():
-        copy_s = _copy_seconds(sizes["copy_bytes"], device)
-        a = torch.rand(sizes["op_elements"], device=device)
-        b, c = torch.rand_like(a), torch.empty_like(a)
-        op_s = _best_seconds(lambda: torch.add(a, b, out=c), device, repeat=5, inner=20)
-        n, dtype = sizes["matmul"], sizes["matmul_dtype"]
-        x = torch.randn(n, n, dtype=dtype, device=device)
-        y, z = torch.randn_like(x), torch.empty_like(x)
-        mm_s = _best_seconds(lambda: torch.mm(x, y, out=z), device, repeat=3)
-        one = torch.ones(1, device=device)
-        launch_s = _best_seconds(lambda: one.add_(0.0), device, repeat=5, inner=200)
+    copy_s = _copy_seconds(sizes["copy_bytes"], device)
+    a = torch.rand(sizes["op_elements"], device=device)
+    b, c = torch.rand_like(a), torch.empty_like(a)
+    op_s = _best_seconds(lambda: torch.add(a, b, out=c), device, repeat=5, inner=20)
+    n, dtype = sizes["matmul"], sizes["matmul_dtype"]
+    x = torch.randn(n, n, dtype=dtype, device=device)
+    y, z = torch.randn_like(x), torch.empty_like(x)
+    mm_s = _best_seconds(lambda: torch.mm(x, y, out=z), device, repeat=3)
+    one = torch.ones(1, device=device)
+    launch_s = _best_seconds(lambda: one.add_(0.0), device, repeat=5, inner=200)
     copied = 2 * sizes["copy_bytes"]
     ceilings = Ceilings(
         device=device_name(device),
@@ -272,8 +275,7 @@ def _with_cpp_kernels(ceilings: Ceilings) -> Ceilings:
     kernel_launch_s = _cpp_launch_seconds(ceilings.launch_s)
     add_s, fn_cost = _cpp_fn_costs()
     ops_per_s = _PROBE_ELEMENTS / add_s if add_s else ceilings.ops_per_s
-    with torch.no_grad():
-        touch_s = _first_touch_seconds()
+    touch_s = _first_touch_seconds()
     return dataclasses.replace(ceilings, kernel_launch_s=kernel_launch_s, ops_per_s=ops_per_s,
                                fn_cost=fn_cost, first_touch_s_per_byte=touch_s / FRESH_ALLOC_BYTES,
                                fresh_alloc_bytes=FRESH_ALLOC_BYTES)
