@@ -74,13 +74,15 @@ if not _backend_entry_point_installed():
     _register_backend()
 
 
-def explain(fn: Callable, *args: Any, options: dict | None = None, **kwargs: Any) -> str:
+def explain(fn: Callable, *args: Any, options: dict | None = None, measure: bool = False, **kwargs: Any):
     """Compile fn with kiln (options: kiln.compile's) on args and kwargs (fn's own keyword
-    inputs, and explain's show_kernels= and show_source=); describe the passes, fusion
-    decisions and kernels. What was compiled before stays compiled."""
+    inputs, and explain's show_kernels= and show_source=); return what kiln did as data
+    (kiln.tools.explain.Explanation: passes, decisions, kernels and their costs, break-even),
+    whose str() is the text. measure=True also times eager, the compiled call and each kernel.
+    What was compiled before stays compiled."""
     from kiln.tools.explain import explain as _explain
 
-    return _explain(fn, *args, options=options, **kwargs)
+    return _explain(fn, *args, options=options, measure=measure, **kwargs)
 
 
 def export(fn_or_module: Callable, example_args: tuple, path: str, dynamic_shapes: Any = None):

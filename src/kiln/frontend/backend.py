@@ -99,10 +99,12 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
     kind = "unsupported"
     if reason is None:
         try:
+            from kiln.passes import cost
             from kiln.passes.pipeline import compile_graph
 
+            eager = cost.eager_before_passes(gm, device)  # the passes rewrite gm
             fn, report = compile_graph(gm, example_inputs, get_backend(target, options))
-            report.partition = partition_summary
+            report.partition, report.cost = partition_summary, cost.after_compile(report, eager)
             REPORTS.append(report)
             counters.graph_compiled(len(report.kernels), report.cache_hits)
             fn._boxed_call = True

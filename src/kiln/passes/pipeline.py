@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -73,6 +74,8 @@ class CompileReport:
     host_source: str = ""  # the Python generated from host_program
     cache_hits: int = 0
     partition: Any = None  # a training forward's PartitionSummary: what it saves, what is recomputed
+    cost: Any = None  # passes/cost.py's GraphCost, against eager's ops (set by the frontend)
+    program: Any = None  # a weak reference to the loaded call (explain times its launches)
 
     @property
     def num_kernels(self) -> int:
@@ -161,6 +164,7 @@ def compile_graph(
         launchers, report.cache_hits = backend.build(kern_list, [report.sources[k.name] for k in kern_list])
         by_name = {kern.name: launch for kern, launch in zip(kern_list, launchers)}
         call, report.host_source = host_codegen.load_with_source(host, by_name)
+        report.program = weakref.ref(call)
         t.summary = f"{len(launchers) - report.cache_hits} compiled, {report.cache_hits} from cache"
     return call, report
 

@@ -30,7 +30,8 @@ def _explain(args) -> int:
 
     torch.manual_seed(0)
     with torch.no_grad():
-        print(explain(Block().eval(), torch.randn(2, 16, 256), show_kernels=True, show_source=args.source))
+        print(explain(Block().eval(), torch.randn(2, 16, 256), show_kernels=True, show_source=args.source,
+                      measure=args.measure))
     return 0
 
 
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="compile a small transformer block, check it and time it")
     ex = sub.add_parser("explain", help="show passes, fusion decisions and kernels of the demo block")
     ex.add_argument("--source", action="store_true", help="also print the generated C++ and host code")
+    ex.add_argument("--measure", action="store_true",
+                    help="also time eager, the compiled call and each kernel (roofline, break-even)")
     cache = sub.add_parser("cache", help="list kiln's cache entries, explain its misses, or clear it")
     cache.add_argument("action", nargs="?", choices=["ls", "why", "clear", "info"], default="ls",
                        help="ls: entries with size, age and hits (info: the same); why: for the latest "

@@ -60,7 +60,8 @@ def _median_ms(fn, x, repeat: int = 20) -> float:
 def main() -> int:
     import kiln
     from kiln.frontend.backend import REPORTS
-    from kiln.tools.explain import report_text
+    from kiln.passes.cost import break_even
+    from kiln.tools.explain import explained_graph
 
     torch.manual_seed(0)
     model = Block().eval()
@@ -77,11 +78,13 @@ def main() -> int:
     report = REPORTS[-1]
     print("kiln demo: pre-norm transformer block (RMSNorm, causal attention, SwiGLU), "
           "x = [8, 128, 256] float32\n")
-    print(report_text(report))
+    print(explained_graph(report, show_kernels=False))
     print(f"\nmatches eager: {'yes' if ok else 'NO'} (max abs error {err:.2e})")
     print(
         f"first call (compile + run): {compile_s:.2f} s; "
         f"kernels compiled {report.num_kernels - report.cache_hits}, from cache {report.cache_hits}"
     )
     print(f"eager {eager_ms:.2f} ms, kiln {kiln_ms:.2f} ms: {eager_ms / kiln_ms:.2f}x")
+    measured = break_even(compile_s - kiln_ms / 1e3, eager_ms / 1e3, kiln_ms / 1e3, measured=True)
+    print(measured.text(of="first call: Dynamo, AOTAutograd and kiln"))
     return 0 if ok else 1

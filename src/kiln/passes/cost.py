@@ -1,0 +1,495 @@
+"""What a compiled graph costs: bytes, FLOPs, launches and a predicted time for each kernel
+and ATen call, against eager's op-by-op execution of the same graph, from the device's
+ceilings (measured once per device by runtime/ceilings.py, or given).
+
+Every prediction is launch + max(bytes / copy rate, work / compute rate): a kernel is bound
+by its memory traffic or by its arithmetic, whichever takes longer, plus the fixed cost of
+starting it. Pure functions of their inputs: nothing here runs a kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from kiln.ir.index import Expr
+from kiln.ir.kernel import Compute, Kernel, Load, Reduce, Store
+
+log = logging.getLogger("kiln")
+
+BREAK_EVEN_LIMIT = 10_000  # calls: a graph that pays back later than this is logged
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """What a device does at best: each measured by runtime/ceilings.py, or given (tests)."""
+
+    device: str  # what the rates were measured on ("cpu: <model>", "cuda: NVIDIA H200")
+    copy_bytes_per_s: float  # bytes read + written a second by a large device copy
+    ops_per_s: float  # simple element-wise operations a second (one op on one element)
+    matmul_flop_per_s: float
+    launch_s: float  # the fixed cost of one ATen call (eager's ops, kiln's ATen calls)
+    kernel_launch_s: float  # the fixed cost of one of kiln's kernels
+    row_cache_bytes: int  # where a kernel's re-read rows stay between its loop stages (0: nowhere)
+    # writing memory the allocator has just mapped (a CPU's page faults): seconds a byte, for
+    # buffers of at least fresh_alloc_bytes (smaller ones reuse freed memory); 0 on GPUs
+    first_touch_s_per_byte: float = 0.0
+    fresh_alloc_bytes: int = 0
+    fn_cost: dict = field(default_factory=dict, compare=False)  # measured FN_COST (function -> ops)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict) -> Ceilings:
+        return Ceilings(**{f: data[f] for f in Ceilings.__dataclass_fields__})  # KeyError if one is missing
+
+    @staticmethod
+    def for_device(device: torch.device | str) -> Ceilings:
+        """This device's ceilings: from the cache file, else measured once and cached."""
+        from kiln.runtime.ceilings import ceilings_for
+
+        return ceilings_for(torch.device(device))
+
+
+# The cost of one element-wise function in simple operations (an add, a compare), by device
+# type, where the ceilings did not measure it (runtime/ceilings.py measures the common ones
+# through kiln's own C++ kernels: glibc's vector math, 3-9 adds); on GPUs a math function is
+# a few instructions.
+_MATH_FNS = ("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan atan2 sinh cosh tanh "
+             "asinh acosh atanh erf erfc erfinv lgamma digamma pow sigmoid gelu").split()
+_SLOW_FNS = "div sqrt rsqrt reciprocal fmod remainder floor_divide".split()
+FN_COST = {
+    "cpu": {**{f: 6.0 for f in _MATH_FNS}, **{f: 2.0 for f in _SLOW_FNS}},
+    "cuda": {**{f: 4.0 for f in _MATH_FNS}, **{f: 2.0 for f in _SLOW_FNS}},
+}
+
+
+def _device_type(ceilings: Ceilings) -> str:
+    return ceilings.device.split(":")[0]
+
+
+def _fn_cost(fn: str, ceilings: Ceilings) -> float:
+    """Measured where the ceilings measured it (runtime/ceilings.py), else the table's."""
+    if fn in ceilings.fn_cost:
+        return ceilings.fn_cost[fn]
+    return FN_COST.get(_device_type(ceilings), {}).get(fn, 1.0)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One kernel or ATen call: `must_move` is every buffer it reads read once and every
+    buffer it writes written once; `moves` adds what it reads again."""
+
+    name: str
+    must_move: int  # bytes
+    moves: int  # bytes
+    flops: float
+    launches: int
+    seconds: float  # predicted
+    floor_s: float  # the roofline: the bytes that must move or the arithmetic, whichever is longer
+    bound: str  # "memory", "compute", "matmul" or "launch": what the prediction is made of
+
+
+def _predict(name: str, must_move: int, moves: int, flops: float, work: float, launch_s: float,
+             ceilings: Ceilings, rate: float, compute_bound: str) -> Cost:
+    memory_s = moves / ceilings.copy_bytes_per_s
+    compute_s = work / rate
+    busy = max(memory_s, compute_s)
+    bound = "launch" if launch_s > busy else ("memory" if memory_s >= compute_s else compute_bound)
+    floor_s = max(must_move / ceilings.copy_bytes_per_s, compute_s)
+    return Cost(name, must_move, moves, flops, 1, launch_s + busy, floor_s, bound)
+
+
+# --- kernels -------------------------------------------------------------------------------
+
+
+def _elements(index: Expr, syms: dict[str, int], iterations: int) -> int:
+    """Distinct elements an index touches over a stage of `iterations`: the product of the
+    extents of the symbols it depends on (views without overlap map distinct points to
+    distinct elements), and no more than one a iteration (an index read from memory, as an
+    embedding's, is a symbol as wide as the table)."""
+    n = 1
+    for sym in index.symbols():
+        n *= syms.get(sym.name, sym.extent or 1)
+    return min(n, iterations)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return dtype.itemsize
+
+
+def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
+    """Bytes, FLOPs and predicted time of one launch of kernel.
+
+    Re-reads: a buffer loaded again in a later loop stage (a softmax reads its row for the max,
+    again for the sum, again for the output) moves its row again, unless one row of every
+    buffer the kernel re-reads fits in ceilings.row_cache_bytes, where the backend keeps rows
+    between stages (a CPU thread's row stays in its core's L2; on a GPU, 0: rows a Triton
+    kernel keeps live in registers as scratch, which the kernel IR already shows as such).
+    FLOPs: one per element-wise op or reduction step per iteration of its stage."""
+    scratch = {s.name for s in kernel.scratch}
+    extents = {s.name: s.extent or 1 for s in (*kernel.outer, *kernel.reduce)}
+    reduce_names = {s.name for s in kernel.reduce}
+    first_read: dict[str, int] = {}  # buffer -> bytes of its first reading stage
+    again: dict[str, int] = {}  # buffer -> bytes of the stages that read it again
+    row_bytes: dict[str, int] = {}  # buffer -> bytes of one row (re-read buffers)
+    written: dict[str, int] = {}
+    flops = work = 0.0
+    for stage in kernel.stages:
+        iterations = kernel.outer_numel * (kernel.reduce_numel if stage.loop else 1)
+        stage_reads: dict[str, int] = {}
+        for s in stage.body:
+            if isinstance(s, Load) and s.buf not in scratch:
+                size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
+                stage_reads[s.buf] = max(stage_reads.get(s.buf, 0), size)
+                row = {**{n: 1 for n in extents}, **{n: extents[n] for n in reduce_names}}
+                row_bytes[s.buf] = _elements(s.index, row, kernel.reduce_numel) * _itemsize(s.dtype)
+            elif isinstance(s, Store) and s.buf not in scratch:
+                size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
+                written[s.buf] = max(written.get(s.buf, 0), size)
+            elif isinstance(s, Compute):
+                flops += iterations
+                work += iterations * _fn_cost(s.fn, ceilings)
+            elif isinstance(s, Reduce):
+                flops += iterations
+                work += iterations
+        for buf, size in stage_reads.items():
+            if buf in first_read:
+                again[buf] = again.get(buf, 0) + size
+            else:
+                first_read[buf] = size
+    must_move = sum(first_read.values()) + sum(written.values())
+    rows_fit = sum(row_bytes[b] for b in again) <= ceilings.row_cache_bytes
+    moves = must_move + (0 if rows_fit else sum(again.values()))
+    return _predict(kernel.name, must_move, moves, flops, work, ceilings.kernel_launch_s, ceilings,
+                    ceilings.ops_per_s, "compute")
+
+
+# --- ATen calls (kiln's extern calls and eager's ops) -----------------------------------------
+
+
+def _numel(shape) -> int:
+    return math.prod(int(s) for s in shape)
+
+
+def _matmul_flops(args: list, out) -> float:
+    """2MNK for a (batched) matmul: the output's elements times twice the shared dimension."""
+    first = next(a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2)
+    return 2.0 * _numel(out.shape) * first.shape[-1]
+
+
+def _addmm_flops(args: list, out) -> float:
+    return 2.0 * _numel(out.shape) * args[1].shape[-1]
+
+
+def _attention_flops(args: list, out) -> float:
+    """QK^T and PV: 4 * batch * heads * Lq * Lk * head dim."""
+    q, k = args[0], args[1]
+    return 4.0 * _numel(q.shape[:-2]) * q.shape[-2] * k.shape[-2] * q.shape[-1]
+
+
+# op name (an overload packet's) -> FLOPs from the call's tensors (meta or real) and result
+MATMUL_FLOPS = {
+    "mm": _matmul_flops, "bmm": _matmul_flops, "matmul": _matmul_flops, "addmm": _addmm_flops,
+    "baddbmm": _addmm_flops, "_scaled_dot_product_flash_attention": _attention_flops,
+    "_scaled_dot_product_flash_attention_for_cpu": _attention_flops,
+    "_scaled_dot_product_efficient_attention": _attention_flops,
+    "_scaled_dot_product_cudnn_attention": _attention_flops,
+    "scaled_dot_product_attention": _attention_flops,
+}
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return _numel(t.shape) * t.element_size()
+
+
+def op_name(op: Any) -> str:
+    """The overload packet's name of an ATen op or qualified name ("aten::mm.default" -> "mm")."""
+    text = op if isinstance(op, str) else getattr(op, "__name__", str(op))
+    return text.split("::")[-1].split(".")[0]
+
+
+def aten_cost(op: Any, args: list, out: Any, ceilings: Ceilings) -> Cost:
+    """One ATen call as eager runs it: it reads its tensor arguments, writes its result."""
+    name = op_name(op)
+    reads = sum(_tensor_bytes(t) for t in _tensors(args))
+    writes = sum(_tensor_bytes(t) for t in _tensors(out))
+    matmul = MATMUL_FLOPS.get(name)
+    outputs = _tensors(out)
+    if matmul is not None and outputs:
+        try:
+            flops = matmul(args, outputs[0])
+        except (IndexError, AttributeError, StopIteration, TypeError):
+            flops = 0.0
+        return _predict(name, reads + writes, reads + writes, flops, flops, ceilings.launch_s, ceilings,
+                        ceilings.matmul_flop_per_s, "matmul")
+    elements = sum(_numel(t.shape) for t in outputs)
+    work = elements * _fn_cost(name, ceilings)
+    c = _predict(name, reads + writes, reads + writes, float(elements), work, ceilings.launch_s, ceilings,
+                 ceilings.ops_per_s, "compute")
+    threshold = ceilings.fresh_alloc_bytes or math.inf
+    return _first_touch(c, sum(n for n in map(_tensor_bytes, outputs) if n >= threshold), ceilings)
+
+
+def launches_nothing(op: Any) -> bool:
+    """Whether eager runs op without a kernel: a view or alias of its input (per its schema)."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return False
+    returns = schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def eager_costs(gm: torch.fx.GraphModule, ceilings: Ceilings) -> list[Cost]:
+    """Eager's op-by-op run of an ATen graph: one launch per op that computes (views are free),
+    each reading its inputs and writing its result, from the shapes traced into the graph."""
+    costs = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if launches_nothing(node.target):
+            continue
+        args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
+        args = [[x.meta.get("val") if isinstance(x, torch.fx.Node) else x for x in a]
+                if isinstance(a, (list, tuple)) else a for a in args]
+        costs.append(aten_cost(node.target, args, node.meta.get("val"), ceilings))
+    return costs
+
+
+# --- a graph ---------------------------------------------------------------------------------
+
+
+@dataclass
+class GraphCost:
+    """kiln's program against eager's ops: kernels and ATen calls in the order they run."""
+
+    kernels: list[Cost] = field(default_factory=list)  # one per launch
+    aten: list[Cost] = field(default_factory=list)  # kiln's ATen calls
+    eager: list[Cost] = field(default_factory=list)  # eager's ops (empty when not known)
+    ceilings: Ceilings | None = None
+
+    @property
+    def launches(self) -> int:
+        return sum(c.launches for c in self.kernels + self.aten)
+
+    @property
+    def moves(self) -> int:
+        return sum(c.moves for c in self.kernels + self.aten)
+
+    @property
+    def flops(self) -> float:
+        return sum(c.flops for c in self.kernels + self.aten)
+
+    @property
+    def seconds(self) -> float:
+        return sum(c.seconds for c in self.kernels + self.aten)
+
+    @property
+    def eager_launches(self) -> int:
+        return sum(c.launches for c in self.eager)
+
+    @property
+    def eager_moves(self) -> int:
+        return sum(c.moves for c in self.eager)
+
+    @property
+    def eager_seconds(self) -> float:
+        return sum(c.seconds for c in self.eager)
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    """After how many calls compiling pays: compile seconds over the per-call saving."""
+
+    compile_s: float
+    saving_s: float  # per call; <= 0: never pays
+    measured: bool  # the saving was measured (else predicted by the cost model)
+
+    @property
+    def calls(self) -> float:
+        return self.compile_s / self.saving_s if self.saving_s > 0 else math.inf
+
+    @property
+    def pays(self) -> bool:
+        return self.calls <= BREAK_EVEN_LIMIT
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def text(self, of: str = "") -> str:
+        """One line; `of` names what the compile seconds cover."""
+        how = "measured" if self.measured else "predicted"
+        head = f"break-even{f' ({of})' if of else ''}:"
+        if self.saving_s <= 0:
+            return (f"{head} never (a call saves {self.saving_s * 1e6:.1f} us, {how}; "
+                    f"compile {self.compile_s:.2f} s)")
+        return (f"{head} after {math.ceil(self.calls):,} calls (compile {self.compile_s:.2f} s, "
+                f"a call saves {self.saving_s * 1e6:.1f} us, {how})")
+
+
+def break_even(compile_s: float, eager_s: float, compiled_s: float, measured: bool) -> BreakEven:
+    return BreakEven(compile_s, eager_s - compiled_s, measured)
+
+
+# --- kiln's program ---------------------------------------------------------------------------
+
+
+def _meta(shape, stride, dtype) -> torch.Tensor:
+    return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
+
+
+def _on_meta(value: Any, buffers: dict[str, Any], constants: dict[str, Any]) -> Any:
+    from kiln.ir.host import ConstRef, Ref
+
+    if isinstance(value, Ref):
+        return buffers.get(value.name)
+    if isinstance(value, ConstRef):
+        const = constants.get(value.name)
+        return const.to("meta") if isinstance(const, torch.Tensor) else const
+    if isinstance(value, list):
+        return [_on_meta(v, buffers, constants) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_on_meta(v, buffers, constants) for v in value)
+    if isinstance(value, torch.device):
+        return torch.device("meta")
+    return value
+
+
+def _run_on_meta(ins, buffers: dict[str, Any], constants: dict[str, Any]) -> Any:
+    """An ATen call's result on meta tensors (shapes and dtypes only), or None where the op
+    cannot run there (a collective, a function no name resolves)."""
+    from kiln.ir.host import resolve_op
+
+    if not isinstance(ins.op, str):
+        return None
+    args = _on_meta(ins.args, buffers, constants)
+    kwargs = {k: _on_meta(v, buffers, constants) for k, v in ins.kwargs}
+    if "device" in kwargs:
+        kwargs["device"] = torch.device("meta")
+    try:
+        return resolve_op(ins.op)(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - an op without a meta kernel costs nothing in the estimate
+        return None
+
+
+def program_cost(program, kernels: list[Kernel], ceilings: Ceilings,
+                 eager: list[Cost] | None = None) -> GraphCost:
+    """The cost of one call of a host program (ir/host.py): each launch at its kernel's cost,
+    each ATen call as eager runs it (shapes found by running the program on meta tensors)."""
+    from kiln.ir.host import (
+        Alloc,
+        CallAten,
+        CopyMemory,
+        EagerLayout,
+        EnsureLayout,
+        Item,
+        Launch,
+        Restride,
+        View,
+    )
+
+    by_name = {k.name: kernel_cost(k, ceilings) for k in kernels}
+    buffers: dict[str, Any] = {s.name: _meta(s.shape, s.stride, s.dtype) for s in program.inputs}
+    cost = GraphCost(eager=list(eager or []), ceilings=ceilings)
+    fresh: dict[str, int] = {}  # newly mapped buffers not yet written
+    for ins in program.body:
+        if isinstance(ins, Launch):
+            if ins.kernel in by_name:
+                fresh_bytes = sum(fresh.pop(w, 0) for w in ins.writes)
+                cost.kernels.append(_first_touch(by_name[ins.kernel], fresh_bytes, ceilings))
+        elif isinstance(ins, Alloc):
+            buffers[ins.out] = _meta(ins.shape, ins.stride, ins.dtype)
+            nbytes = _numel(ins.shape) * ins.dtype.itemsize
+            if ins.slot is None and ceilings.fresh_alloc_bytes and nbytes >= ceilings.fresh_alloc_bytes:
+                fresh[ins.out] = nbytes
+        elif isinstance(ins, (View, EnsureLayout, EagerLayout)):
+            src = buffers.get(ins.base if isinstance(ins, View) else ins.src)
+            dtype = getattr(ins, "dtype", None) or (src.dtype if src is not None else torch.float32)
+            buffers[ins.out] = _meta(ins.shape, ins.stride, dtype)
+        elif isinstance(ins, (Restride, CopyMemory)):
+            src = buffers.get(ins.src)
+            if src is not None:
+                stride = ins.stride if isinstance(ins, Restride) else src.stride()
+                buffers[ins.out] = _meta(src.shape, stride, src.dtype)
+                cost.aten.append(aten_cost("copy", [src], buffers[ins.out], ceilings))
+        elif isinstance(ins, Item):
+            src = buffers.get(ins.src)
+            buffers[ins.out] = src[ins.index] if isinstance(src, (list, tuple)) else None
+        elif isinstance(ins, CallAten):
+            out = _run_on_meta(ins, buffers, program.constants)
+            buffers[ins.out] = out
+            if out is not None and not launches_nothing(_resolved(ins.op)):
+                args = _on_meta(ins.args, buffers, program.constants)
+                cost.aten.append(aten_cost(ins.op, list(args), out, ceilings))
+    return cost
+
+
+def _first_touch(c: Cost, fresh_bytes: int, ceilings: Ceilings) -> Cost:
+    """A kernel's cost when it is the first to write fresh_bytes of newly mapped memory."""
+    if not fresh_bytes:
+        return c
+    return dataclasses.replace(c, seconds=c.seconds + fresh_bytes * ceilings.first_touch_s_per_byte)
+
+
+def _resolved(op: Any) -> Any:
+    from kiln.ir.host import resolve_op
+
+    try:
+        return resolve_op(op) if isinstance(op, str) else op
+    except Exception:  # noqa: BLE001 - unknown here: treated as computing
+        return None
+
+
+# --- after each compile -----------------------------------------------------------------------
+
+
+def eager_before_passes(gm: torch.fx.GraphModule, device: torch.device) -> tuple[Ceilings, list[Cost]] | None:
+    """The device's ceilings and eager's costs of gm, taken before kiln's passes rewrite gm;
+    None where they cannot be had (the model's estimate never stops a compile)."""
+    try:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # measuring the ceilings would launch kernels into the capture
+        from kiln.runtime.ceilings import known_ceilings
+
+        ceilings = known_ceilings(torch.device(device))  # kiln.explain measures them
+        if ceilings is None:
+            return None
+        return ceilings, eager_costs(gm, ceilings)
+    except Exception as e:  # noqa: BLE001 - an estimate, not part of the program
+        log.debug("kiln: no cost estimate for this graph: %s: %s", type(e).__name__, e)
+        return None
+
+
+def after_compile(report, before: tuple[Ceilings, list[Cost]] | None) -> GraphCost | None:
+    """The compiled program's cost against eager's; one log line where compiling it will not
+    pay within BREAK_EVEN_LIMIT calls, by the predicted saving."""
+    if before is None or report.host_program is None:
+        return None
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    ceilings, eager = before
+    try:
+        with unset_fake_temporarily():  # meta tensors suffice: faking them again costs time
+            cost = program_cost(report.host_program, report.kernels, ceilings, eager)
+    except Exception as e:  # noqa: BLE001 - an estimate, not part of the program
+        log.debug("kiln: no cost estimate for this graph: %s: %s", type(e).__name__, e)
+        return None
+    verdict = break_even(report.seconds, cost.eager_seconds, cost.seconds, measured=False)
+    if not verdict.pays:
+        log.info("kiln: a graph of %d kernels and %d ATen calls will not pay for its compile within "
+                 "%s calls: %s", len(cost.kernels), len(cost.aten), f"{BREAK_EVEN_LIMIT:,}", verdict)
+    return cost

@@ -1,0 +1,299 @@
+"""The device's ceilings for the cost model (passes/cost.py): measured once per device and
+torch version, kept in one small JSON file in kiln's cache directory. A file that cannot be
+read or parsed is measured again and rewritten."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from kiln.passes.cost import Ceilings
+
+log = logging.getLogger("kiln")
+
+FILE_NAME = "ceilings.json"
+_in_process: dict[str, Ceilings] = {}
+
+
+def device_key(device: torch.device) -> str:
+    """What the ceilings depend on: the device's model and torch's version."""
+    return f"{device_name(device)} | torch {torch.__version__}"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    from kiln.runtime.cache import cpu_model
+
+    model = cpu_model().split(":", 1)[-1].strip()
+    return f"cpu: {model[:80]} x{torch.get_num_threads()} threads"
+
+
+def known_ceilings(device: torch.device) -> Ceilings | None:
+    """The ceilings of device if this process or kiln's cache has them, without measuring: a
+    user's compile must not spend seconds timing the machine."""
+    key = device_key(device)
+    if key in _in_process:
+        return _in_process[key]
+    from kiln.runtime.cache import cache_root
+
+    found = _read(Path(cache_root()) / FILE_NAME).get(key)
+    try:
+        ceilings = Ceilings.from_dict(found) if isinstance(found, dict) else None
+    except (KeyError, TypeError):
+        return None
+    if ceilings is not None:
+        _in_process[key] = ceilings
+    return ceilings
+
+
+def ceilings_for(device: torch.device, folder: Path | None = None,
+                 measure: Callable[[torch.device], Ceilings] | None = None) -> Ceilings:
+    """The ceilings of device: from this process, else the cache file, else measured (and
+    written back). folder: the cache directory (default kiln's); measure: for tests."""
+    key = device_key(device)
+    if folder is None and key in _in_process:
+        return _in_process[key]
+    if folder is None:
+        from kiln.runtime.cache import cache_root
+
+        folder = cache_root()
+    path = Path(folder) / FILE_NAME
+    table = _read(path)
+    found = table.get(key)
+    try:
+        ceilings = Ceilings.from_dict(found) if isinstance(found, dict) else None
+    except (KeyError, TypeError):
+        ceilings = None
+    if ceilings is None:
+        ceilings = (measure or measure_ceilings)(device)
+        table[key] = ceilings.to_dict()
+        _write(path, table)
+    _in_process[key] = ceilings
+    return ceilings
+
+
+def _read(path: Path) -> dict:
+    try:
+        table = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.info("kiln: the ceilings file %s is unreadable (%s); measuring again", path, e)
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def _write(path: Path, table: dict) -> None:
+    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        temp.write_text(json.dumps(table, indent=1, sort_keys=True))
+        os.replace(temp, path)
+    except OSError as e:  # kept for this process only
+        log.info("kiln: cannot write the ceilings file %s (%s)", path, e)
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+
+def _best_seconds(fn: Callable[[], None], device: torch.device, repeat: int, inner: int = 1) -> float:
+    """The fastest of `repeat` timings of `inner` calls of fn, per call (the least disturbed
+    by other load on the machine); CUDA events on a GPU."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            seconds = time.perf_counter() - t0
+        best = min(best, seconds / inner)
+    return best
+
+
+def _row_cache_bytes(device: torch.device) -> int:
+    """Where a CPU thread's rows stay between a kernel's stages: its core's L2 (sysfs), 1 MiB
+    where unknown. GPUs keep rows in registers, which the kernel IR shows as scratch: 0."""
+    if device.type != "cpu":
+        return 0
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
+        units = {"K": 1 << 10, "M": 1 << 20}
+        return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+    except (OSError, ValueError):
+        return 1 << 20
+
+
+# sizes per device type: a copy far beyond the caches, an op on data inside them, a matmul
+# large enough to reach the library's rate
+_SIZES = {
+    "cpu": dict(copy_bytes=128 << 20, op_elements=1 << 16, matmul=1024, matmul_dtype=torch.float32),
+    "cuda": dict(copy_bytes=1 << 30, op_elements=1 << 22, matmul=8192, matmul_dtype=torch.bfloat16),
+}
+
+
+def _gpu_issue_rate(device: torch.device) -> float:
+    """Element operations a second on a GPU: one instruction per scheduler (4 an SM) per cycle,
+    a warp's lanes each. Not timed: every eager element-wise kernel is bound by memory there,
+    so no eager op shows the rate at which a fused kernel computes."""
+    props = torch.cuda.get_device_properties(device)
+    clock_hz = (getattr(props, "clock_rate", 0) or 1_500_000) * 1e3  # kHz; 1.5 GHz where unknown
+    return props.multi_processor_count * 4 * props.warp_size * clock_hz
+
+
+# the smallest kernel of kiln's C++ form: one OpenMP parallel loop, called through ctypes
+_LAUNCH_PROBE = """extern "C" void kiln_probe_launch(float* __restrict__ out0) {
+  #pragma omp parallel for
+  for (int64_t x0 = 0; x0 < 64; ++x0) {
+    out0[x0] = (float)x0;
+  }
+}
+"""
+
+
+def _cpp_launch_seconds(fallback: float) -> float:
+    """What launching one of kiln's C++ kernels costs (less than an ATen op's dispatch);
+    fallback where the probe does not build."""
+    from kiln.runtime import cpp_build
+
+    try:
+        (probe,) = cpp_build.build_all([(_LAUNCH_PROBE, "kiln_probe_launch", 1)])
+    except Exception as e:  # noqa: BLE001 - a ceiling, not part of any program
+        log.info("kiln: the launch probe did not build (%s); using an ATen op's launch cost", e)
+        return fallback
+    out = torch.empty(64)
+    address = out.data_ptr()
+    return _best_seconds(lambda: probe.fn(address), torch.device("cpu"), repeat=5, inner=200)
+
+
+# glibc maps allocations from this size up afresh each time (its largest mmap threshold): the
+# first write of each page faults. Smaller buffers come back from freed memory.
+FRESH_ALLOC_BYTES = 32 << 20
+
+
+def _first_touch_seconds() -> float:
+    """What the page faults of first writing FRESH_ALLOC_BYTES of new memory cost: a fill of
+    a new buffer less a fill of one already written."""
+    cpu = torch.device("cpu")
+    written = torch.empty(FRESH_ALLOC_BYTES // 4)
+    written.fill_(0.0)
+    refill = _best_seconds(lambda: written.fill_(1.0), cpu, repeat=3)
+    fresh = _best_seconds(lambda: torch.empty(FRESH_ALLOC_BYTES // 4).fill_(1.0), cpu, repeat=3)
+    return max(fresh - refill, 0.0)
+
+
+# functions whose cost in simple ops is measured on a CPU (libm's scalar code, as kiln calls it)
+MEASURED_FNS = ("exp", "log", "tanh", "erf", "gelu", "sigmoid", "sin", "cos", "sqrt", "div", "pow")
+_PROBE_ELEMENTS = 1 << 16  # 256 kB a buffer: in the caches
+
+
+def _probe_kernel(fn: str):
+    """Kernel IR of out0[x0] = fn(in0[x0]) (or fn(in0, in0) for two operands), as kiln makes it."""
+    from kiln.ir.index import Sym, sym
+    from kiln.ir.kernel import Compute, Kernel, Load, Param, Stage, Store
+
+    f32 = torch.float32
+    x0 = sym("x0", _PROBE_ELEMENTS)
+    operands = ("a", "a") if fn in ("div", "pow", "add") else ("a",)
+    body = (Load("a", "in0", x0, f32), Compute("b", fn, operands, f32), Store("out0", x0, "b", f32))
+    return Kernel(f"kiln_probe_{fn}", (Sym("x0", _PROBE_ELEMENTS),), (),
+                  (Param("in0", f32, False), Param("out0", f32, True)), (Stage(False, body),))
+
+
+def _cpp_fn_costs() -> tuple[float, dict[str, float]]:
+    """The seconds of kiln's C++ add over _PROBE_ELEMENTS elements in the caches (on all
+    threads), and each MEASURED_FNS function's time in units of the add's; (0, {}) where the
+    probes do not build."""
+    from kiln.codegen import cpp
+    from kiln.runtime import cpp_build
+
+    try:
+        fns = ("add", *MEASURED_FNS)
+        kernels = [_probe_kernel(fn) for fn in fns]
+        built = cpp_build.build_all([(cpp.render_kernel(k), k.name, 2) for k in kernels])
+    except Exception as e:  # noqa: BLE001 - a ceiling, not part of any program
+        log.info("kiln: the math probes did not build (%s); using the cost table", e)
+        return 0.0, {}
+    src = torch.rand(_PROBE_ELEMENTS) + 0.5
+    out = torch.empty_like(src)
+    args = (src.data_ptr(), out.data_ptr())
+    cpu, threads = torch.device("cpu"), torch.get_num_threads()
+    # on one thread: a parallel region waits for its slowest thread, which on a busy machine
+    # may wait out another process's time slice; the rate then scales with the threads
+    torch.set_num_threads(1)
+    try:
+        seconds = {fn: _best_seconds(lambda b=b: b.fn(*args), cpu, repeat=5, inner=20)
+                   for fn, b in zip(fns, built)}
+    finally:
+        torch.set_num_threads(threads)
+    add = seconds.pop("add") / threads
+    return add, {fn: round(max(s / seconds_add, 1.0), 2) for fn, s in seconds.items()
+                 for seconds_add in [add * threads]}
+
+
+def _copy_seconds(nbytes: int, device: torch.device) -> float:
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    return _best_seconds(lambda: dst.copy_(src), device, repeat=5)
+
+
+def measure_ceilings(device: torch.device) -> Ceilings:
+    """Time a large copy, a simple element-wise op on data in the caches (CPU), a matmul and a
+    tiny op (the cost of one launch) on device. About half a second on a CPU."""
+    # a compile measures them: outside its fake and functional tensor modes
+    with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+        return _measure(device)
+
+
+def _measure(device: torch.device) -> Ceilings:
+    sizes = _SIZES["cuda" if device.type == "cuda" else "cpu"]
+    copy_s = _copy_seconds(sizes["copy_bytes"], device)
+    a = torch.rand(sizes["op_elements"], device=device)
+    b, c = torch.rand_like(a), torch.empty_like(a)
+    op_s = _best_seconds(lambda: torch.add(a, b, out=c), device, repeat=5, inner=20)
+    n, dtype = sizes["matmul"], sizes["matmul_dtype"]
+    x = torch.randn(n, n, dtype=dtype, device=device)
+    y, z = torch.randn_like(x), torch.empty_like(x)
+    mm_s = _best_seconds(lambda: torch.mm(x, y, out=z), device, repeat=3)
+    one = torch.ones(1, device=device)
+    launch_s = _best_seconds(lambda: one.add_(0.0), device, repeat=5, inner=200)
+    copied = 2 * sizes["copy_bytes"]
+    ceilings = Ceilings(
+        device=device_name(device),
+        copy_bytes_per_s=copied / copy_s,
+        ops_per_s=sizes["op_elements"] / max(op_s - launch_s, op_s / 10),
+        matmul_flop_per_s=2.0 * n**3 / mm_s,
+        launch_s=launch_s,
+        kernel_launch_s=launch_s,
+        row_cache_bytes=_row_cache_bytes(device),
+    )
+    if device.type == "cuda":
+        return dataclasses.replace(ceilings, ops_per_s=_gpu_issue_rate(device))
+    return _with_cpp_kernels(ceilings)
+
+
+def _with_cpp_kernels(ceilings: Ceilings) -> Ceilings:
+    """A CPU's ceilings as kiln's own C++ kernels see them: their launch, their element-wise
+    rate and math functions (an eager op's rate differs), and the page faults of new memory."""
+    kernel_launch_s = _cpp_launch_seconds(ceilings.launch_s)
+    add_s, fn_cost = _cpp_fn_costs()
+    ops_per_s = _PROBE_ELEMENTS / add_s if add_s else ceilings.ops_per_s
+    touch_s = _first_touch_seconds()
+    return dataclasses.replace(ceilings, kernel_launch_s=kernel_launch_s, ops_per_s=ops_per_s,
+                               fn_cost=fn_cost, first_touch_s_per_byte=touch_s / FRESH_ALLOC_BYTES,
+                               fresh_alloc_bytes=FRESH_ALLOC_BYTES)
