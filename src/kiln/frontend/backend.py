@@ -99,9 +99,9 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
     kind = "unsupported"
     if reason is None:
         try:
-            from kiln.passes.pipeline import compile_graph
+            from kiln.runtime.graph_cache import compile_cached
 
-            fn, report = compile_graph(gm, example_inputs, get_backend(target, options))
+            fn, report = compile_cached(gm, example_inputs, options, target, get_backend(target, options))
             report.partition = partition_summary
             REPORTS.append(report)
             counters.graph_compiled(len(report.kernels), report.cache_hits)

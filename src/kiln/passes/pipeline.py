@@ -73,6 +73,7 @@ class CompileReport:
     host_source: str = ""  # the Python generated from host_program
     cache_hits: int = 0
     partition: Any = None  # a training forward's PartitionSummary: what it saves, what is recomputed
+    from_cache: str = ""  # the graph cache entry the program was loaded from; "" when compiled
 
     @property
     def num_kernels(self) -> int:
