@@ -51,6 +51,8 @@ class MetaMismatch(RuntimeError):
 
 # The newest records of this process; bounded so that a long-running process does not grow.
 FALLBACKS: collections.deque[Fallback] = collections.deque(maxlen=1000)
+# Fallbacks recorded in this process, by kind (the deque keeps only the newest).
+COUNTS: collections.Counter = collections.Counter()
 
 
 def record(fallback: Fallback) -> Fallback:
@@ -58,6 +60,7 @@ def record(fallback: Fallback) -> Fallback:
     warning; an op kiln has no lowering for is expected and logged at info level."""
     FALLBACKS.append(fallback)
     counters.ran_in_aten(fallback.scope, fallback.kind, fallback.reason, fallback.op)
+    COUNTS[fallback.kind] += 1
     if fallback.scope == "graph" or fallback.kind == "internal":
         log.warning("%s", fallback)
     else:

@@ -94,3 +94,9 @@ def env_target() -> str | None:
 
 def env_debug() -> bool:
     return os.environ.get("KILN_DEBUG", "") not in ("", "0")
+
+
+def env_graph_cache() -> bool:
+    """KILN_GRAPH_CACHE=0 compiles every graph, neither loading nor storing whole graphs
+    (kernels are still cached)."""
+    return os.environ.get("KILN_GRAPH_CACHE", "1") not in ("0", "")

@@ -189,3 +189,38 @@ def test_graph_text_names_every_argument_and_refuses_unnamed_callables():
     graph.output(graph.call_function(lambda t: t, (graph.placeholder("t"),)))
     with pytest.raises(graph_cache.Uncacheable, match="no name leads back"):
         graph_cache.graph_lines(torch.fx.GraphModule({}, graph))
+
+
+def test_explain_says_a_program_came_from_the_graph_cache(tmp_path, monkeypatch):
+    import kiln
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+
+    def f(t):
+        return torch.tanh(t).cumsum(0) / 3
+
+    x = torch.randn(5, 11)
+    cold = kiln.explain(f, x)
+    torch._dynamo.reset()
+    warm = kiln.explain(f, x)
+    assert "graph cache" in cold and "miss (not in the cache)" in cold and "build" in cold, cold
+    assert "no pass run" in warm and "build" not in warm and "kernel0" in warm, warm
+
+
+def test_program_made_around_a_kiln_error_is_not_stored(tmp_path, monkeypatch):
+    """A lowering that raised leaves its op in ATen: the program is right but not kiln's best,
+    and a cache entry would keep it after the bug is fixed."""
+    from kiln.frontend import importer
+
+    lookup = importer.lookup
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a lowering bug")
+
+    sin = torch.ops.aten.sin.default
+    monkeypatch.setattr(importer, "lookup", lambda t: broken if t is sin else lookup(t))
+    before = graph_cache.STATS["not cached: kiln raised while compiling"]
+    root = tmp_path / "cache"
+    _compile_in_process(monkeypatch, root, lambda t: torch.sin(t) * t, torch.randn(4, 6))
+    assert graph_cache.STATS["not cached: kiln raised while compiling"] == before + 1
+    assert not [p for p in (root / "graph").iterdir() if p.is_dir()]

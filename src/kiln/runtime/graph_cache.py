@@ -31,7 +31,9 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from kiln import errors
 from kiln.ir.host import HostProgram, constants_blob, op_name, tensor_digest
+from kiln.options import env_graph_cache
 from kiln.runtime import cache
 
 FOLDER = "graph"
@@ -191,12 +193,12 @@ def _write(folder: Path, key: GraphKey, host: dict, constants: bytes, report) ->
     (folder / "kernels.pkl").write_bytes(pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _load(folder: Path, backend) -> tuple[Callable, Any]:
-    """The program of an entry, with its kernels from the backend's cache."""
+def _load(folder: Path, backend, t0: float) -> tuple[Callable, Any]:
+    """The program of an entry, with its kernels from the backend's cache (t0: when the
+    lookup began, its key included)."""
     from kiln.codegen import host as host_codegen
     from kiln.passes.pipeline import CompileReport, PassRecord
 
-    t0 = time.perf_counter()
     snapshot = pickle.loads((folder / "kernels.pkl").read_bytes())
     host = HostProgram.from_dict(json.loads((folder / "host.json").read_text()),
                                  (folder / "constants.pt").read_bytes())
@@ -220,8 +222,11 @@ def compile_cached(gm: fx.GraphModule, example_inputs: list[Any], options, targe
     """compile_graph through the graph cache: on a hit, the stored program and its kernels;
     on a miss, compile and store the result."""
     from kiln.frontend.importer import graph_device
-    from kiln.passes.pipeline import compile_graph
+    from kiln.passes.pipeline import PassRecord, compile_graph
 
+    if not env_graph_cache():
+        return compile_graph(gm, example_inputs, backend)
+    t0 = time.perf_counter()
     device = graph_device(example_inputs)
     try:
         key = graph_key(gm, example_inputs, options, target, device)
@@ -232,7 +237,7 @@ def compile_cached(gm: fx.GraphModule, example_inputs: list[Any], options, targe
     problem = cache.check(e)
     if problem is None:
         try:
-            result = _load(e.path, backend)
+            result = _load(e.path, backend, t0)
             STATS["hit"] += 1
             cache.journal("hit", e)
             return result
@@ -240,7 +245,12 @@ def compile_cached(gm: fx.GraphModule, example_inputs: list[Any], options, targe
             problem = f"not loadable ({type(err).__name__}: {err})"
             cache.discard(e, problem)
     STATS["miss"] += 1
+    lookup, kiln_errors = time.perf_counter() - t0, errors.COUNTS["internal"]
     call, report = compile_graph(gm, example_inputs, backend)
+    t1 = time.perf_counter()
+    if errors.COUNTS["internal"] != kiln_errors:  # a kiln bug made this program: not kept
+        STATS["not cached: kiln raised while compiling"] += 1
+        return call, report
     try:
         host = report.host_program.to_dict()
     except ValueError as err:  # an object no name resolves: the program runs, uncached
@@ -248,6 +258,9 @@ def compile_cached(gm: fx.GraphModule, example_inputs: list[Any], options, targe
         return call, report
     blob = constants_blob(report.host_program)
     cache.load_or_build(e, lambda folder: _write(folder, key, host, blob, report))
+    report.passes.append(PassRecord("graph cache", lookup + time.perf_counter() - t1,
+                                    f"miss ({'not in the cache' if problem == 'missing' else problem}): "
+                                    f"stored as {FOLDER}/{e.path.name}"))
     return call, report
 
 
