@@ -100,14 +100,17 @@ def compiler_spy(tmp_path):
     return script, calls
 
 
-@pytest.mark.parametrize("kind", ["infer", "train"])
-def test_warm_process_runs_no_pass_and_no_compiler(tmp_path, compiler_spy, kind):
+TARGETS = {"cpp": {}, "triton": {"KILN_TARGET": "triton", "TRITON_INTERPRET": "1"}}
+
+
+@pytest.mark.parametrize("target, kind", [("cpp", "infer"), ("cpp", "train"), ("triton", "infer")])
+def test_warm_process_runs_no_pass_and_no_compiler(tmp_path, compiler_spy, target, kind):
     root = tmp_path / "cache"
-    cold = run_child(root, kind, seed=1)
+    cold = run_child(root, kind, seed=1, **TARGETS[target])
     graphs = 2 if kind == "train" else 1
     assert cold["stats"] == {"miss": graphs} and cold["warnings"] == []
     script, calls = compiler_spy
-    warm = run_child(root, kind, seed=2, CXX=str(script), KILN_FORBID_PASSES="1")
+    warm = run_child(root, kind, seed=2, CXX=str(script), KILN_FORBID_PASSES="1", **TARGETS[target])
     assert warm["stats"] == {"hit": graphs}, warm
     assert all(warm["from_cache"]) and len(warm["from_cache"]) == graphs
     assert warm["warnings"] == []
@@ -223,4 +226,23 @@ def test_program_made_around_a_kiln_error_is_not_stored(tmp_path, monkeypatch):
     root = tmp_path / "cache"
     _compile_in_process(monkeypatch, root, lambda t: torch.sin(t) * t, torch.randn(4, 6))
     assert graph_cache.STATS["not cached: kiln raised while compiling"] == before + 1
+    assert not [p for p in (root / "graph").iterdir() if p.is_dir()]
+
+
+def test_program_that_does_not_serialize_runs_uncached(tmp_path, monkeypatch):
+    from kiln.passes import pipeline
+
+    compile_graph = pipeline.compile_graph
+
+    def with_opaque_constant(*args):
+        call, report = compile_graph(*args)
+        report.host_program.constants["opaque"] = object()  # as a callable no name resolves would be
+        return call, report
+
+    monkeypatch.setattr(pipeline, "compile_graph", with_opaque_constant)
+    before = sum(n for reason, n in graph_cache.STATS.items() if "cannot be serialized" in reason)
+    root = tmp_path / "cache"
+    _compile_in_process(monkeypatch, root, lambda t: torch.relu(t) - 2, torch.randn(7, 3))
+    after = sum(n for reason, n in graph_cache.STATS.items() if "cannot be serialized" in reason)
+    assert after == before + 1
     assert not [p for p in (root / "graph").iterdir() if p.is_dir()]
