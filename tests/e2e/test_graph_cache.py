@@ -246,3 +246,17 @@ def test_program_that_does_not_serialize_runs_uncached(tmp_path, monkeypatch):
     after = sum(n for reason, n in graph_cache.STATS.items() if "cannot be serialized" in reason)
     assert after == before + 1
     assert not [p for p in (root / "graph").iterdir() if p.is_dir()]
+
+
+def test_constant_tensors_enter_the_text_by_value():
+    def text_with(values: torch.Tensor) -> list[str]:
+        graph = torch.fx.Graph()
+        graph.output(graph.call_function(torch.ops.aten.add.Tensor,
+                                         (graph.placeholder("t"), graph.get_attr("weight"))))
+        module = torch.nn.Module()
+        module.register_buffer("weight", values)
+        return graph_cache.graph_lines(torch.fx.GraphModule(module, graph))
+
+    a = text_with(torch.tensor([1.0, 2.0]))
+    assert a[1].startswith("v1 = constant tensor torch.float32 [2] stride [1] ")
+    assert a != text_with(torch.tensor([1.0, 3.0]))

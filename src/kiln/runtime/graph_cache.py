@@ -30,10 +30,11 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from kiln import errors
 from kiln.ir.host import HostProgram, constants_blob, op_name, tensor_digest
-from kiln.options import env_graph_cache
+from kiln.options import env_debug, env_graph_cache
 from kiln.runtime import cache
 
 FOLDER = "graph"
@@ -229,8 +230,11 @@ def compile_cached(gm: fx.GraphModule, example_inputs: list[Any], options, targe
     t0 = time.perf_counter()
     device = graph_device(example_inputs)
     try:
-        key = graph_key(gm, example_inputs, options, target, device)
-    except Uncacheable as e:
+        with unset_fake_temporarily():  # constants' digests read real tensors inside AOTAutograd's mode
+            key = graph_key(gm, example_inputs, options, target, device)
+    except Exception as e:  # noqa: BLE001 - a graph the key cannot name compiles uncached
+        if env_debug() and not isinstance(e, Uncacheable):
+            raise
         STATS[f"not cached: {e}"] += 1
         return compile_graph(gm, example_inputs, backend)
     e = cache.entry("graph", FOLDER, "graph", "", key.components)
