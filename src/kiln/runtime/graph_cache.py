@@ -183,15 +183,33 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any], options, target: st
 # ---- entries ------------------------------------------------------------------------------
 
 
-def _write(folder: Path, key: GraphKey, host: dict, constants: bytes, report) -> None:
-    folder.mkdir()
-    (folder / GRAPH_TEXT).write_text(key.text)
-    (folder / "host.json").write_text(json.dumps(host))
-    (folder / "constants.pt").write_bytes(constants)
-    snapshot = {"kernels": report.kernels, "sources": report.sources, "decisions": report.decisions,
-                "fallbacks": report.fallbacks, "graph_text": report.graph_text,
-                "passes": [(p.name, p.seconds, p.summary) for p in report.passes]}
-    (folder / "kernels.pkl").write_bytes(pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL))
+def _store(e: cache.Entry, key: GraphKey, report) -> str | None:
+    """Write the entry of a compiled program; why it was not stored, or None."""
+    try:
+        host = json.dumps(report.host_program.to_dict())
+    except ValueError as err:  # an object no name resolves: the program runs, uncached
+        return str(err)
+    try:
+        constants = constants_blob(report.host_program)
+        snapshot = pickle.dumps({
+            "kernels": report.kernels, "sources": report.sources, "decisions": report.decisions,
+            "fallbacks": report.fallbacks, "graph_text": report.graph_text,
+            "passes": [(p.name, p.seconds, p.summary) for p in report.passes],
+        }, protocol=pickle.HIGHEST_PROTOCOL)
+
+        def write(folder: Path) -> None:
+            folder.mkdir()
+            (folder / GRAPH_TEXT).write_text(key.text)
+            (folder / "host.json").write_text(host)
+            (folder / "constants.pt").write_bytes(constants)
+            (folder / "kernels.pkl").write_bytes(snapshot)
+
+        cache.load_or_build(e, write)
+    except Exception as err:  # noqa: BLE001 - the program is compiled: failing to keep it loses nothing
+        if env_debug():
+            raise
+        return f"storing failed ({type(err).__name__}: {err})"
+    return None
 
 
 def _load(folder: Path, backend, t0: float) -> tuple[Callable, Any]:
@@ -255,13 +273,10 @@ def compile_cached(gm: fx.GraphModule, example_inputs: list[Any], options, targe
     if errors.COUNTS["internal"] != kiln_errors:  # a kiln bug made this program: not kept
         STATS["not cached: kiln raised while compiling"] += 1
         return call, report
-    try:
-        host = report.host_program.to_dict()
-    except ValueError as err:  # an object no name resolves: the program runs, uncached
-        STATS[f"not cached: {err}"] += 1
+    not_stored = _store(e, key, report)
+    if not_stored:
+        STATS[f"not cached: {not_stored}"] += 1
         return call, report
-    blob = constants_blob(report.host_program)
-    cache.load_or_build(e, lambda folder: _write(folder, key, host, blob, report))
     report.passes.append(PassRecord("graph cache", lookup + time.perf_counter() - t1,
                                     f"miss ({'not in the cache' if problem == 'missing' else problem}): "
                                     f"stored as {FOLDER}/{e.path.name}"))
