@@ -260,3 +260,20 @@ def test_constant_tensors_enter_the_text_by_value():
     a = text_with(torch.tensor([1.0, 2.0]))
     assert a[1].startswith("v1 = constant tensor torch.float32 [2] stride [1] ")
     assert a != text_with(torch.tensor([1.0, 3.0]))
+
+
+def test_a_hit_records_what_runs_in_aten_as_the_compile_did(tmp_path, monkeypatch):
+    import kiln
+    from kiln import errors
+
+    def f(t):
+        return torch.softmax(t * 2, -1).repeat(2, 1)  # repeat has no kiln lowering
+
+    root = tmp_path / "cache"
+    _compile_in_process(monkeypatch, root, f, torch.randn(4, 8))
+    kiln.reset_stats()
+    errors.FALLBACKS.clear()
+    _compile_in_process(monkeypatch, root, f, torch.randn(4, 8))
+    assert len(_graph_events(root, "hit")) == 1
+    assert kiln.stats().ops_in_aten["aten.repeat.default"] == 1
+    assert [(r.scope, r.op) for r in errors.FALLBACKS] == [("op", "aten.repeat.default")]

@@ -17,6 +17,7 @@ objects that do not serialize is not cached (counted in STATS).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -183,8 +184,9 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any], options, target: st
 # ---- entries ------------------------------------------------------------------------------
 
 
-def _store(e: cache.Entry, key: GraphKey, report) -> str | None:
-    """Write the entry of a compiled program; why it was not stored, or None."""
+def _store(e: cache.Entry, key: GraphKey, report, made: list[errors.Fallback]) -> str | None:
+    """Write the entry of a compiled program and the fallback records its compile made;
+    why it was not stored, or None."""
     try:
         host = json.dumps(report.host_program.to_dict())
     except ValueError as err:  # an object no name resolves: the program runs, uncached
@@ -194,6 +196,7 @@ def _store(e: cache.Entry, key: GraphKey, report) -> str | None:
         snapshot = pickle.dumps({
             "kernels": report.kernels, "sources": report.sources, "decisions": report.decisions,
             "fallbacks": report.fallbacks, "graph_text": report.graph_text,
+            "fallback records": [dataclasses.astuple(f) for f in made],
             "passes": [(p.name, p.seconds, p.summary) for p in report.passes],
         }, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -228,6 +231,8 @@ def _load(folder: Path, backend, t0: float) -> tuple[Callable, Any]:
                            decisions=snapshot["decisions"], fallbacks=snapshot["fallbacks"], kernels=kernels,
                            sources=snapshot["sources"], host_program=host, host_source=host_source,
                            cache_hits=hits, from_cache=folder.name)
+    for record in snapshot["fallback records"]:  # what runs in ATen, told as a compile tells it
+        errors.record(errors.Fallback(*record))
     compiled = sum(seconds for _, seconds, _ in snapshot["passes"])
     report.passes.append(PassRecord(
         "graph cache", time.perf_counter() - t0,
@@ -267,13 +272,14 @@ def compile_cached(gm: fx.GraphModule, example_inputs: list[Any], options, targe
             problem = f"not loadable ({type(err).__name__}: {err})"
             cache.discard(e, problem)
     STATS["miss"] += 1
-    lookup, kiln_errors = time.perf_counter() - t0, errors.COUNTS["internal"]
-    call, report = compile_graph(gm, example_inputs, backend)
+    lookup = time.perf_counter() - t0
+    with errors.collect() as made:
+        call, report = compile_graph(gm, example_inputs, backend)
     t1 = time.perf_counter()
-    if errors.COUNTS["internal"] != kiln_errors:  # a kiln bug made this program: not kept
+    if any(f.kind == "internal" for f in made):  # a kiln bug made this program: not kept
         STATS["not cached: kiln raised while compiling"] += 1
         return call, report
-    not_stored = _store(e, key, report)
+    not_stored = _store(e, key, report, made)
     if not_stored:
         STATS[f"not cached: {not_stored}"] += 1
         return call, report
