@@ -275,5 +275,7 @@ def test_a_hit_records_what_runs_in_aten_as_the_compile_did(tmp_path, monkeypatc
     errors.FALLBACKS.clear()
     _compile_in_process(monkeypatch, root, f, torch.randn(4, 8))
     assert len(_graph_events(root, "hit")) == 1
-    assert kiln.stats().ops_in_aten["aten.repeat.default"] == 1
+    stats = kiln.stats()
+    assert stats.ops_in_aten["aten.repeat.default"] == 1
+    assert (stats.graphs_compiled, stats.graphs_from_cache) == (1, 1)
     assert [(r.scope, r.op) for r in errors.FALLBACKS] == [("op", "aten.repeat.default")]

@@ -104,7 +104,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
             fn, report = compile_cached(gm, example_inputs, options, target, get_backend(target, options))
             report.partition = partition_summary
             REPORTS.append(report)
-            counters.graph_compiled(len(report.kernels), report.cache_hits)
+            counters.graph_compiled(len(report.kernels), report.cache_hits, bool(report.from_cache))
             fn._boxed_call = True
             if options.mode == "reduce-overhead" and device.type == "cuda":
                 from kiln.runtime.cudagraphs import CudaGraphRunner, static_input_indices
