@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Stats:
     graphs_compiled: int = 0  # forward, backward and inference ATen graphs kiln compiled
+    graphs_from_cache: int = 0  # of those, programs loaded from the whole-graph cache
     # per Dynamo graph traced with symbolic shapes (numbered in the order they were met):
     # the programs kiln compiled for the concrete shapes it was called with
     shape_variants: dict[int, int] = field(default_factory=dict)
@@ -27,7 +28,7 @@ class Stats:
     ops_in_aten: collections.Counter = field(default_factory=collections.Counter)
 
     def __str__(self) -> str:
-        lines = [f"graphs compiled: {self.graphs_compiled}",
+        lines = [f"graphs compiled: {self.graphs_compiled} ({self.graphs_from_cache} from the graph cache)",
                  f"kernels built: {self.kernels_built}, from the cache: {self.kernel_cache_hits}"]
         if self.shape_variants:
             lines.append("shape variants per symbolic graph: " +
@@ -55,9 +56,10 @@ def reset() -> None:
         _STATS = Stats()
 
 
-def graph_compiled(kernels: int, cache_hits: int) -> None:
+def graph_compiled(kernels: int, cache_hits: int, from_cache: bool = False) -> None:
     with _LOCK:
         _STATS.graphs_compiled += 1
+        _STATS.graphs_from_cache += from_cache
         _STATS.kernels_built += kernels - cache_hits
         _STATS.kernel_cache_hits += cache_hits
 

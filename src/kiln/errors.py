@@ -7,7 +7,9 @@ is made where the decision is taken; the one warning a user sees is written from
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kiln import counters
@@ -51,6 +53,7 @@ class MetaMismatch(RuntimeError):
 
 # The newest records of this process; bounded so that a long-running process does not grow.
 FALLBACKS: collections.deque[Fallback] = collections.deque(maxlen=1000)
+_collectors: list[list[Fallback]] = []
 
 
 def record(fallback: Fallback) -> Fallback:
@@ -58,8 +61,22 @@ def record(fallback: Fallback) -> Fallback:
     warning; an op kiln has no lowering for is expected and logged at info level."""
     FALLBACKS.append(fallback)
     counters.ran_in_aten(fallback.scope, fallback.kind, fallback.reason, fallback.op)
+    for made in _collectors:
+        made.append(fallback)
     if fallback.scope == "graph" or fallback.kind == "internal":
         log.warning("%s", fallback)
     else:
         log.info("%s", fallback)
     return fallback
+
+
+@contextlib.contextmanager
+def collect() -> Iterator[list[Fallback]]:
+    """The records made while it is open (the graph cache keeps a compile's op records, to
+    make them again when it loads the program)."""
+    made: list[Fallback] = []
+    _collectors.append(made)
+    try:
+        yield made
+    finally:
+        _collectors.remove(made)

@@ -39,6 +39,11 @@ class Options:
         if self.target not in TARGETS:
             raise ValueError(f"kiln option target must be one of {TARGETS}, got {self.target!r}")
 
+    def cache_key(self) -> dict[str, str]:
+        """The fields that change generated code, as named key components. fullgraph and
+        dynamic act in Dynamo, before kiln sees a graph."""
+        return {f"option {name}": str(getattr(self, name)) for name in CODE_OPTIONS}
+
     @classmethod
     def from_kwargs(cls, **kwargs) -> "Options":
         known = {f.name for f in fields(cls)}
@@ -49,6 +54,9 @@ class Options:
             kwargs["target"] = env_target()
         return cls(**kwargs)
 
+
+# The options that change the code kiln generates for a graph (the graph cache's key).
+CODE_OPTIONS = ("mode", "target")
 
 # The options torch.compile(model, backend="kiln", mode=..., options={...}) hands to kiln; its
 # own fullgraph= and dynamic= act in Dynamo, before kiln, so they are not kiln's to take here.
@@ -86,3 +94,9 @@ def env_target() -> str | None:
 
 def env_debug() -> bool:
     return os.environ.get("KILN_DEBUG", "") not in ("", "0")
+
+
+def env_graph_cache() -> bool:
+    """KILN_GRAPH_CACHE=0 compiles every graph, neither loading nor storing whole graphs
+    (kernels are still cached)."""
+    return os.environ.get("KILN_GRAPH_CACHE", "1") not in ("0", "")

@@ -20,6 +20,12 @@ class Planted(RuntimeError):
     pass
 
 
+@pytest.fixture(autouse=True)
+def _no_graph_cache(monkeypatch):
+    """Failures are planted in the compile that a whole-graph cache hit would skip."""
+    monkeypatch.setenv("KILN_GRAPH_CACHE", "0")
+
+
 def boom(*args, **kwargs):
     raise Planted("planted failure")
 

@@ -100,13 +100,13 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
     if reason is None:
         try:
             from kiln.passes import cost
-            from kiln.passes.pipeline import compile_graph
+            from kiln.runtime.graph_cache import compile_cached
 
             eager = cost.eager_before_passes(gm, device)  # the passes rewrite gm
-            fn, report = compile_graph(gm, example_inputs, get_backend(target, options))
+            fn, report = compile_cached(gm, example_inputs, options, target, get_backend(target, options))
             report.partition, report.cost = partition_summary, cost.after_compile(report, eager)
             REPORTS.append(report)
-            counters.graph_compiled(len(report.kernels), report.cache_hits)
+            counters.graph_compiled(len(report.kernels), report.cache_hits, bool(report.from_cache))
             fn._boxed_call = True
             if options.mode == "reduce-overhead" and device.type == "cuda":
                 from kiln.runtime.cudagraphs import CudaGraphRunner, static_input_indices

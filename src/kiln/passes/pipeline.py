@@ -76,6 +76,7 @@ class CompileReport:
     partition: Any = None  # a training forward's PartitionSummary: what it saves, what is recomputed
     cost: Any = None  # passes/cost.py's GraphCost, against eager's ops (set by the frontend)
     program: Any = None  # a weak reference to the loaded call (explain times its launches)
+    from_cache: str = ""  # the graph cache entry the program was loaded from; "" when compiled
 
     @property
     def num_kernels(self) -> int:

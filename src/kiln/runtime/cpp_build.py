@@ -59,15 +59,22 @@ def _run(cmd: list[str], what: str) -> None:
 
 
 @functools.cache
+def _prelude_entry() -> tuple[cache.Entry, str]:
+    """The prelude's cache entry and its text: a unit's key names the prelude by this key
+    alone, so that loading cached units never reads the (large) precompiled header."""
+    text = PRELUDE.read_text()
+    components = cache.key_components(**{
+        "prelude source": cache.text_digest(text), "compiler flags": " ".join(FLAGS),
+        "compiler": cache.compiler_version(cxx()), "cpu": cache.cpu_model()})
+    return cache.entry("cpp prelude", "cpp", "prelude", "", components), text
+
+
+@functools.cache
 def prelude_dir() -> tuple[Path, str]:
     """A folder holding the prelude and, when the compiler can make one, its precompiled
     header; and the key that names them."""
     compiler = cxx()
-    text = PRELUDE.read_text()
-    components = cache.key_components(**{
-        "prelude source": cache.text_digest(text), "compiler flags": " ".join(FLAGS),
-        "compiler": cache.compiler_version(compiler), "cpu": cache.cpu_model()})
-    entry = cache.entry("cpp prelude", "cpp", "prelude", "", components)
+    entry, text = _prelude_entry()
 
     def build(folder: Path) -> None:
         folder.mkdir()
@@ -92,12 +99,12 @@ def _unit_entry(source: str, prelude_key: str, names: list[str]) -> cache.Entry:
 
 def _compile_unit(kernels: list[tuple[str, str, int]]) -> list[BuildResult]:
     """One shared library for several (body, name, nargs) kernels."""
-    include, prelude_key = prelude_dir()
     source = '#include "kiln_prelude.h"\n\n' + "\n\n".join(body for body, _, _ in kernels) + "\n"
     names = [name for _, name, _ in kernels]
-    entry = _unit_entry(source, prelude_key, names)
+    entry = _unit_entry(source, _prelude_entry()[0].key, names)
 
     def build(lib: Path) -> None:
+        include, _ = prelude_dir()
         src_path = lib.parent / f"{entry.path.stem}.cpp"  # kept beside the library for people to read
         cache.write_atomic(src_path, source)
         _run([cxx(), *FLAGS, "-shared", f"-I{include}", str(src_path), "-o", str(lib), *LIBS],

@@ -25,7 +25,7 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
     """The key components of a Triton kernel beyond its source."""
     import triton
 
@@ -46,7 +46,7 @@ def _versions() -> dict[str, str]:
 
 def _load(kernel: Kernel, source: str):
     """The kernel's @triton.jit function, from its source in the cache (checked before import)."""
-    components = cache.key_components(kernel=kernel.name, source=cache.text_digest(source), **_versions())
+    components = cache.key_components(kernel=kernel.name, source=cache.text_digest(source), **versions())
     entry = cache.entry("triton source", "triton", kernel.name, ".py", components)
     path, cached = cache.load_or_build(entry, lambda temp: temp.write_text(source))
     return getattr(compile_pool.load_module(str(path)), kernel.name), path, cached

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.runtime import cache
+from kiln.runtime import cache, graph_cache
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,10 @@ def _short(value) -> str:
     return text if len(text) <= 48 else text[:45] + "..."
 
 
+# Components whose value is a digest: a reader that says what the digest stands for differs in.
+COMPONENT_DETAILS = {"graph": graph_cache.graph_difference}
+
+
 def why(root: Path, count: int = 5) -> str:
     """For the newest misses: the nearest other entry of the same kind and what differs."""
     misses = [line for line in cache.read_journal(root) if line.get("event") == "miss"][-count:]
@@ -119,8 +123,10 @@ def why(root: Path, count: int = 5) -> str:
         nearest = min(others, key=lambda e: (len(differences(e.components, missed.components)), -e.created))
         out.append(f"  nearest: {_name(nearest)} ({age(now - nearest.created)} old), differs in:")
         for component in differences(nearest.components, missed.components):
-            out.append(f"    {component}: {_short(nearest.components.get(component))} there, "
-                       f"{_short(missed.components.get(component))} here")
+            detail = COMPONENT_DETAILS.get(component, lambda a, b: None)(nearest.data, missed.data)
+            values = (f"{_short(nearest.components.get(component))} there, "
+                      f"{_short(missed.components.get(component))} here")
+            out.append(f"    {component}: {detail or values}")
     return "\n".join(out)
 
 
@@ -143,7 +149,7 @@ def clear(root: Path, older_than_days: float | None = None) -> str:
 
 # Folders kiln writes its entries into; clear also removes any folder holding entry records
 # or only the locks and temporaries that entries leave behind.
-KILN_FOLDERS = ("cpp", "triton")
+KILN_FOLDERS = ("cpp", "triton", graph_cache.FOLDER)
 
 
 def _kiln_owned(path: Path) -> bool:
