@@ -195,6 +195,10 @@ class Explanation:
     break_even: BreakEven | None = None
     ceilings: Ceilings | None = None
 
+    def __contains__(self, text: str) -> bool:
+        """`"kernel0" in kiln.explain(...)` reads the text, as when explain returned it."""
+        return text in str(self)
+
     def __str__(self) -> str:
         if not self.graphs:
             return "kiln compiled no graph (everything ran in eager or ATen; see the log)"
