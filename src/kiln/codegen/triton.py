@@ -651,9 +651,9 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     The defaults are the configurations autotuning picked most often for GPT-2's training
     kernels on the H200 (`python -m benchmarks.gpu_train --variants kiln-autotune`)."""
     if not kernel.reduce:
-        # wide tiles win even when a line's end masks off part of the last one. (16 bf16
-        # values per thread made a 3.3 GB loss gradient 2% faster but GPT-2's tanh GELU
-        # kernels 10-30% slower)
+        # wide tiles win even when a line's end masks off part of the last one; more values
+        # per thread slow the math-heavy kernels more than they speed the copies
+        # (docs/benchmarks.md)
         return next_pow2(min(_tiled_extent(kernel), 4096 if interpreted else 1024)), 1, 4
     rnumel = kernel.reduce_numel
     if is_persistent(kernel):
@@ -673,10 +673,9 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     if not is_persistent(kernel):
         return 1, rblock, 8
     if rblock <= 1024:
-        # smaller programs for short rows: 2048 elements over 2 warps made softmax over rows of
-        # 1024 2% faster than 4096 over 4, and GPT-2's step (rows of 768) no slower; over rows
-        # off 16-byte boundaries 1024 elements per program made softmax over rows of 1021 11%
-        # faster than 2048 when loaded element by element
+        # smaller programs for short rows (2048 elements over 2 warps); rows off 16-byte
+        # boundaries are loaded element by element, where 1024 elements per program pay
+        # (docs/benchmarks.md)
         tile = 2048 if rows_aligned(kernel) else 1024
         return max(1, min(64, tile // rblock)), rblock, 2
     return max(1, min(64, 4096 // rblock)), rblock, 4

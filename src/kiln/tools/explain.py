@@ -239,7 +239,7 @@ def _median_s(call: Callable[[], Any], device: torch.device, budget_s: float = 0
     return sorted(times)[len(times) // 2]
 
 
-GPU_SLEEP_CYCLES = 200_000  # about 0.1 ms: longer than a launch takes on the host
+GPU_SLEEP_CYCLES = 200_000  # the device waits longer than the host takes to launch the kernel
 
 
 class _TimedLauncher:
