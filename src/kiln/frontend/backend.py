@@ -103,7 +103,10 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
             from kiln.runtime.graph_cache import compile_cached
 
             eager = cost.eager_before_passes(gm, device)  # the passes rewrite gm
-            fn, report = compile_cached(gm, example_inputs, options, target, get_backend(target, options))
+            compile_fn = compile_cached
+            if options.check:  # its first call checks every kernel's numerics
+                from kiln.tools.check import compile_checked as compile_fn
+            fn, report = compile_fn(gm, example_inputs, options, target, get_backend(target, options))
             report.partition, report.cost = partition_summary, cost.after_compile(report, eager)
             REPORTS.append(report)
             counters.graph_compiled(len(report.kernels), report.cache_hits, bool(report.from_cache))

@@ -110,7 +110,11 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
             # a subgraph (a scan's or a loop's body) is an argument of the ATen call running it
             env[n] = value if isinstance(value, fx.GraphModule) else _tensor_constant(b, value)
         elif n.op == "call_function":
+            first_new = len(b.nodes)
             env[n] = _lower_call(b, n, env, fallbacks, unsupported_fns, device)
+            if n.meta.get("stack_trace"):  # the model code a node came from (the numerics check's)
+                for m in b.nodes[first_new:]:
+                    m.meta.setdefault("stack_trace", n.meta["stack_trace"])
         elif n.op == "output":
             fx_outs = tree_flatten(n.args[0])[0]
             outs = [env[a] if isinstance(a, fx.Node) else a for a in fx_outs]

@@ -40,6 +40,7 @@ from kiln.codegen.backends import Backend
 from kiln.frontend.addmm import split_launch_bound_addmm
 from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
+from kiln.ir.checks import ERROR_PARAM
 from kiln.ir.host import HostProgram
 from kiln.ir.kernel import Kernel, kernel_str
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op
@@ -77,6 +78,8 @@ class CompileReport:
     cost: Any = None  # passes/cost.py's GraphCost, against eager's ops (set by the frontend)
     program: Any = None  # a weak reference to the loaded call (explain times its launches)
     from_cache: str = ""  # the graph cache entry the program was loaded from; "" when compiled
+    launches: LaunchGraphs | None = None  # kept for the numerics check (compile_graph's check=True)
+    numerics: Any = None  # tools/check.py's NumericsReport, once a checked first call ran
 
     @property
     def num_kernels(self) -> int:
@@ -85,6 +88,18 @@ class CompileReport:
     @property
     def seconds(self) -> float:
         return sum(p.seconds for p in self.passes)
+
+
+@dataclass
+class LaunchGraphs:
+    """What each launch of a program computes, in tensor IR: the numerics check
+    (tools/check.py) evaluates it from the launch's own buffers and compares."""
+
+    graph: Graph
+    buffer_names: dict[Node, str]
+    roots: dict[tuple[str, tuple[str, ...]], list[Node]]  # (kernel, launch args) -> nodes it stores
+    launchers: dict[str, Callable]
+    backend: Backend
 
 
 class _Timer:
@@ -108,8 +123,9 @@ def buffer_names_for(graph: Graph, stored) -> dict[Node, str]:
 
 
 def compile_graph(
-    gm: fx.GraphModule, example_inputs: list[Any], backend: Backend
+    gm: fx.GraphModule, example_inputs: list[Any], backend: Backend, check: bool = False
 ) -> tuple[Callable, CompileReport]:
+    """check: also keep what each launch computes (report.launches), for the numerics check."""
     report = CompileReport(backend=backend.name)
     with _Timer(report, "attention") as t:
         t.summary = f"{rewrite_attention(gm)} written-out attentions fused"
@@ -166,8 +182,16 @@ def compile_graph(
         by_name = {kern.name: launch for kern, launch in zip(kern_list, launchers)}
         call, report.host_source = host_codegen.load_with_source(host, by_name)
         report.program = weakref.ref(call)
+        if check:
+            report.launches = LaunchGraphs(graph, names, _launch_roots(sched, kernels), by_name, backend)
         t.summary = f"{len(launchers) - report.cache_hits} compiled, {report.cache_hits} from cache"
     return call, report
+
+
+def _launch_roots(sched: Schedule, kernels: dict[int, Kernel]) -> dict[tuple, list[Node]]:
+    """Each launch's key in the host program (kernel name, buffers) -> the nodes it stores."""
+    return {(kern.name, tuple(a for a in kern.args if a != ERROR_PARAM)): list(step.roots)
+            for step in sched.steps if (kern := kernels.get(id(step))) is not None}
 
 
 def _fuse_and_kernelize(

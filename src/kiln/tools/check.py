@@ -1,0 +1,344 @@
+"""The numerics check: every kernel of a graph held against its own tensor-IR ops.
+
+With Options.check (kiln.compile(..., check=True), KILN_CHECK=1, `python -m kiln check`), a
+graph is compiled without the graph cache and keeps what each launch computes in tensor IR
+(passes/pipeline.py's LaunchGraphs). Its first call runs the host program with every launch
+wrapped: after a kernel runs, its tensor-IR sub-graph is evaluated from the kernel's own input
+buffers (ir/evaluate.py) twice, in float64 and in the nodes' own dtypes, and each output the
+kernel stored is compared:
+
+- floats: |kernel - float64| <= 4 x the own-dtype evaluation's RMS error against float64
+  + 8 ulps (of the output's dtype) of the values' scale (their largest magnitude); an element
+  equal to the own-dtype evaluation's, or non-finite where a reference is the same, passes;
+- integers and booleans: equal to one of the two evaluations.
+
+The first kernel over tolerance is named, with its ops, kernel IR, source and the model code it
+came from, in one warning and in the compile report (report.numerics); tools/bisect.py then
+looks for the fusion decision or the op that changes its result. Later calls run the program
+unwrapped. The check holds kernels against the tensor IR: a lowering whose meaning differs
+from ATen's is not caught here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kiln.codegen import host as host_codegen
+from kiln.ir.evaluate import NotEvaluable, evaluate, subgraph
+from kiln.ir.host import Launch
+from kiln.ir.kernel import kernel_str
+from kiln.ir.tensor import Node, dtype_name, node_str
+
+log = logging.getLogger("kiln")
+
+# A kernel whose sub-graph holds a tensor larger than this is not evaluated (time, memory).
+ELEMENT_LIMIT = 2**24
+RMS_FACTOR = 4.0
+ULPS = 8.0
+
+# Every check's report in this process, newest last (what `python -m kiln check` reads).
+RESULTS: list[NumericsReport] = []
+
+
+@dataclass(frozen=True)
+class OutputError:
+    """How far one stored output of a launch is from its float64 evaluation."""
+
+    buffer: str
+    dtype: torch.dtype
+    max_error: float  # floats: the largest |kernel - float64|; integers: elements unequal
+    tolerance: float
+    bad_elements: int
+    numel: int
+
+    @property
+    def over(self) -> bool:
+        return self.bad_elements > 0
+
+
+@dataclass(frozen=True)
+class KernelMismatch:
+    """A launch over tolerance, with what a person needs to find why."""
+
+    kernel: str
+    output: OutputError
+    ops: str  # the tensor-IR sub-graph
+    kernel_ir: str
+    source: str
+    model_code: tuple[str, ...]
+    roots: tuple[Node, ...] = field(compare=False, repr=False)
+    given: dict = field(compare=False, repr=False)  # input node -> the kernel's input tensor
+
+
+@dataclass
+class NumericsReport:
+    """The result of one graph's checked first call."""
+
+    checked: int = 0  # launches compared
+    skipped: list[str] = field(default_factory=list)  # launches not compared, with the reason
+    mismatches: list[KernelMismatch] = field(default_factory=list)
+    bisection: str = ""  # tools/bisect.py's finding for the first mismatch
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+    @property
+    def kernel(self) -> str | None:
+        return self.mismatches[0].kernel if self.mismatches else None
+
+    @property
+    def max_error(self) -> float:
+        return self.mismatches[0].output.max_error if self.mismatches else 0.0
+
+    @property
+    def tolerance(self) -> float:
+        return self.mismatches[0].output.tolerance if self.mismatches else 0.0
+
+    @property
+    def text(self) -> str:
+        head = f"kiln numerics check: {self.checked} launches compared"
+        if self.skipped:
+            head += f", {len(self.skipped)} skipped (" + "; ".join(self.skipped[:3]) + \
+                ("; ..." if len(self.skipped) > 3 else "") + ")"
+        if self.ok:
+            return head + ", all within tolerance"
+        first = self.mismatches[0]
+        out = first.output
+        what = (f"max error {out.max_error:.3g} > tolerance {out.tolerance:.3g}"
+                if out.dtype.is_floating_point else "integers differ")
+        lines = [
+            f"{head}; {len(self.mismatches)} over tolerance. First: {first.kernel} writes {out.buffer} "
+            f"({dtype_name(out.dtype)}) with {what} ({out.bad_elements} of {out.numel} elements)",
+            "model code:",
+            *(f"  {line}" for line in (first.model_code or ("<no stack trace in the FX graph>",))),
+            "tensor IR of the kernel:",
+            *(f"  {line}" for line in first.ops.splitlines()),
+            "kernel IR:",
+            *(f"  {line}" for line in first.kernel_ir.splitlines()),
+            "source:",
+            *(f"  {line}" for line in first.source.splitlines()),
+        ]
+        if self.bisection:
+            lines += ["bisection:", *(f"  {line}" for line in self.bisection.splitlines())]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# ---- comparison ------------------------------------------------------------------------------
+
+
+def compare(actual: torch.Tensor, wide: torch.Tensor, own: torch.Tensor, buffer: str = "") -> OutputError:
+    """The kernel's values against the float64 and own-dtype evaluations (rules above)."""
+    dtype = actual.dtype
+    numel = actual.numel()
+    if not dtype.is_floating_point:
+        bad = (actual != wide.to(dtype)) & (actual != own)
+        count = int(bad.sum())
+        return OutputError(buffer, dtype, float(count), 0.0, count, numel)
+    a, w, o = actual.double(), wide.double(), own.double()
+    finite = torch.isfinite(w) & torch.isfinite(o)
+    own_error = (o - w)[finite]
+    rms = float(own_error.square().mean().sqrt()) if own_error.numel() else 0.0
+    scale = float(w[finite].abs().max()) if bool(finite.any()) else 0.0
+    tolerance = RMS_FACTOR * rms + ULPS * torch.finfo(dtype).eps * scale
+    error = (a - w).abs()
+    same_as_own = (a == o) | (torch.isnan(a) & torch.isnan(o))
+    same_as_wide = (a == w) | (torch.isnan(a) & torch.isnan(w))
+    within = torch.where(torch.isfinite(w), error <= tolerance, same_as_wide)
+    bad = ~(within | same_as_own)
+    measured = error[torch.isfinite(w) & torch.isfinite(a)]
+    max_error = float(measured.max()) if measured.numel() else 0.0
+    count = int(bad.sum())
+    if count and max_error <= tolerance:
+        max_error = math.inf  # the bad elements are non-finite where the references are not
+    return OutputError(buffer, dtype, max_error, tolerance, count, numel)
+
+
+def sub_graph_elements(roots: list[Node], given: set[Node]) -> int:
+    nodes = subgraph(roots, given)
+    return max([n.numel for n in nodes] + [g.numel for n in nodes for g in n.inputs], default=0)
+
+
+def check_launch(roots: list[Node], given: dict[Node, torch.Tensor],
+                 outputs: dict[Node, torch.Tensor]) -> list[OutputError]:
+    """Each stored output of a launch against the evaluation of its ops from the launch's inputs."""
+    given = {n: t.detach().cpu() for n, t in given.items()}
+    wide = evaluate(roots, given, wide=True)
+    own = evaluate(roots, given, wide=False)
+    return [compare(t.detach().cpu(), wide[n], own[n], f"%{n.id}") for n, t in outputs.items()]
+
+
+# ---- what a person reads ---------------------------------------------------------------------
+
+_LAST_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
+
+
+def model_code(nodes: list[Node]) -> tuple[str, ...]:
+    """The model code lines the nodes came from, in graph order, each once: the source map's
+    origin where the importer left one, else the FX node's stack trace (its last frame)."""
+    lines: list[str] = []
+    for n in nodes:
+        origin = n.meta.get("origin")
+        text = origin.text() if origin is not None and hasattr(origin, "text") else None
+        if text is None:
+            trace = n.meta.get("stack_trace") or ""
+            frames = list(_LAST_FRAME.finditer(trace))
+            if frames:
+                f = frames[-1]
+                text = f"{'/'.join(f['file'].split('/')[-2:])}:{f['line']} in {f['fn']}: {f['code'].strip()}"
+        if text and text not in lines:
+            lines.append(text)
+    return tuple(lines)
+
+
+def ops_text(roots: list[Node], given: set[Node]) -> str:
+    inputs = sorted(given, key=lambda n: n.id)
+    lines = [f"{n!r} : kernel input" for n in inputs]
+    lines += [node_str(n) for n in subgraph(roots, given)]
+    lines.append(f"stored: {', '.join(repr(r) for r in roots)}")
+    return "\n".join(lines)
+
+
+# ---- the checked first call ------------------------------------------------------------------
+
+
+class _Session:
+    """One checked call: the launches in program order, checked as they run."""
+
+    def __init__(self, report, launches: list[Launch]):
+        self.report, self.launches = report, launches
+        self.graphs = report.launches
+        self.node_of = {name: node for node, name in self.graphs.buffer_names.items()}
+        self.next = 0
+        self.result = NumericsReport()
+
+    def after_launch(self, kernel: str, tensors: tuple) -> None:
+        launch = self.launches[self.next]
+        self.next += 1
+        if launch.kernel != kernel:
+            raise RuntimeError(f"kiln numerics check: launch {self.next} runs {kernel}, "
+                               f"expected {launch.kernel}")
+        key = (launch.kernel, launch.args)
+        roots = self.graphs.roots.get(key)
+        if roots is None:
+            self.result.skipped.append(f"{kernel}: no tensor IR kept for its launch")
+            return
+        by_name = dict(zip(launch.args, tensors))
+        given = {self.node_of[a]: by_name[a] for a in launch.args if a not in launch.writes}
+        outputs = {self.node_of[a]: by_name[a] for a in launch.writes}
+        elements = sub_graph_elements(roots, set(given))
+        if elements > ELEMENT_LIMIT:
+            self.result.skipped.append(f"{kernel}: a tensor of {elements} elements (over {ELEMENT_LIMIT})")
+            return
+        try:
+            errors = check_launch(roots, given, outputs)
+        except (NotEvaluable, RuntimeError, TypeError, ValueError, IndexError) as e:
+            self.result.skipped.append(f"{kernel}: not evaluated ({type(e).__name__}: {e})")
+            return
+        self.result.checked += 1
+        names = {self.node_of[a]: a for a in launch.writes}
+        for node, err in zip(outputs, errors):
+            if err.over:
+                err = dataclasses.replace(err, buffer=names[node])
+                self.result.mismatches.append(self._mismatch(kernel, err, roots, given))
+                break
+
+    def _mismatch(self, kernel: str, err: OutputError, roots: list[Node], given: dict) -> KernelMismatch:
+        kern = next((k for k in self.report.kernels if k.name == kernel), None)
+        nodes = subgraph(roots, set(given))
+        return KernelMismatch(
+            kernel, err, ops_text(roots, set(given)), kernel_str(kern) if kern else "",
+            self.report.sources.get(kernel, ""), model_code(nodes), tuple(roots),
+            {n: t.detach().clone() for n, t in given.items()},
+        )
+
+
+class _CheckedLauncher:
+    """A launcher taking tensors that runs the real one, then has the session check it."""
+
+    def __init__(self, name: str, launcher: Callable, pointers: bool, session: _Session,
+                 aligned: bool = False):
+        self.name, self.launcher, self.pointers, self.session = name, launcher, pointers, session
+        self.entry = getattr(launcher, "aligned", launcher) if aligned else launcher
+        if not aligned:
+            self.aligned = _CheckedLauncher(name, launcher, pointers, session, aligned=True)
+
+    def __call__(self, *tensors: torch.Tensor) -> None:
+        if self.pointers:
+            self.entry(*[t.data_ptr() for t in tensors])
+        else:
+            self.entry(*tensors)
+        args = tensors[: len(self.session.launches[self.session.next].args)]
+        self.session.after_launch(self.name, args)
+
+
+def checked_call(report) -> tuple[Callable[[list], list], _Session]:
+    """The report's host program, with launchers taking tensors and checked after each launch."""
+    program = report.host_program
+    pointers = program.launch_abi == "pointers"
+    as_tensors = dataclasses.replace(program, launch_abi="tensors")
+    launches = [i for i in program.body if isinstance(i, Launch)]
+    session = _Session(report, launches)
+    launchers = {name: _CheckedLauncher(name, fn, pointers, session)
+                 for name, fn in report.launches.launchers.items()}
+    return host_codegen.load(as_tensors, launchers), session
+
+
+class CheckedProgram:
+    """A compiled program (boxed) whose first call is checked (module docstring); the report
+    gets the result as report.numerics, and an over-tolerance kernel one warning."""
+
+    _boxed_call = True
+
+    def __init__(self, fn: Callable, report):
+        self.fn, self.report, self.pending = fn, report, True
+
+    def __call__(self, args: list) -> Any:
+        if not self.pending:
+            return self.fn(args)
+        self.pending = False
+        try:
+            call, session = checked_call(self.report)
+        except Exception as e:  # noqa: BLE001 - the user's program must still run
+            log.warning("kiln numerics check: the checked program did not load (%s: %s); run unchecked",
+                        type(e).__name__, e)
+            return self.fn(args)
+        out = call(args)
+        self.finish(session.result)
+        return out
+
+    def finish(self, result: NumericsReport) -> None:
+        report = self.report
+        if result.mismatches:
+            from kiln.tools.bisect import bisect_mismatch
+
+            try:
+                result.bisection = bisect_mismatch(result.mismatches[0], report.launches)
+            except Exception as e:  # noqa: BLE001 - a failed bisection still leaves the finding
+                result.bisection = f"bisection failed: {type(e).__name__}: {e}"
+        report.numerics = result
+        report.launches = None  # the graph and launchers were kept only for this call
+        RESULTS.append(result)
+        if result.mismatches:
+            log.warning("%s", result.text)
+        else:
+            log.info("%s", result.text)
+
+
+def compile_checked(gm, example_inputs: list[Any], options, target: str, backend):
+    """compile_graph for a checked graph: per shape, past the graph cache (which keeps no
+    tensor IR), its first call checked."""
+    from kiln.passes.pipeline import compile_graph
+
+    fn, report = compile_graph(gm, example_inputs, backend, check=True)
+    return CheckedProgram(fn, report), report
