@@ -41,9 +41,12 @@ def subgraph(roots: list[Node], given: set[Node]) -> list[Node]:
     return sorted(seen, key=lambda n: n.id)
 
 
-def evaluate(roots: list[Node], given: dict[Node, torch.Tensor], wide: bool) -> dict[Node, torch.Tensor]:
+def evaluate(roots: list[Node], given: dict[Node, torch.Tensor], wide: bool,
+             noise: torch.Generator | None = None) -> dict[Node, torch.Tensor]:
     """The values of roots (and of every node between them and the given tensors).
-    wide: floats in float64; else each node in its own dtype."""
+    wide: floats in float64; else each node in its own dtype. noise (with wide): each float
+    node's value is scaled by a random 1 + u * its dtype's ulp, u uniform in [-1, 1], so that
+    the spread of a few such evaluations measures how far rounding moves each element."""
     sizes = _SizeBinding(given)
     values: dict[Node, torch.Tensor] = {}
     for node, tensor in given.items():
@@ -53,7 +56,11 @@ def evaluate(roots: list[Node], given: dict[Node, torch.Tensor], wide: bool) -> 
             raise NotEvaluable(f"%{node.id} ({node.op.value}) is computed outside kernels and was not given")
         evaluate_node = _EVALUATORS[node.op]
         out = evaluate_node(node, [values[i] for i in node.inputs], sizes)
-        values[node] = out.to(value_dtype(node.dtype, wide))
+        out = out.to(value_dtype(node.dtype, wide))
+        if noise is not None and wide and node.dtype.is_floating_point and node.op is not Op.CONSTANT:
+            u = torch.rand(out.shape, generator=noise, dtype=torch.float64) * 2 - 1
+            out = out * (1 + u * torch.finfo(node.dtype).eps)
+        values[node] = out
     return values
 
 
@@ -165,8 +172,27 @@ def _pointwise(node: Node, inputs: list[torch.Tensor], sizes: _SizeBinding) -> t
     if fn is None:
         raise NotEvaluable(f"no evaluator for element-wise function {node.fn}")
     shape = sizes.shape(node)
-    out = fn.eval(*inputs)
+    if node.fn in _INTEGER_DIVISIONS and not any(t.is_floating_point() for t in inputs):
+        out = _integer_division(fn.eval, node.fn, *inputs)
+    else:
+        out = fn.eval(*inputs)
     return out.expand(shape) if tuple(out.shape) != shape else out
+
+
+_INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
+
+
+def _integer_division(fn: Callable, name: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """An integer division as torch computes it, except where torch's CPU kernels would
+    crash the process (the smallest integer divided by -1 traps): by -1, the quotient is the
+    wrapping negation and the remainder 0. By zero eager raises: nothing to compare."""
+    b = torch.as_tensor(b)
+    if bool((b == 0).any()):
+        raise NotEvaluable("an integer division by zero (eager raises)")
+    by_minus_one = b == -1
+    out = fn(a, torch.where(by_minus_one, 1, b))
+    negated = torch.neg(a) if name in ("floordiv", "truncdiv") else torch.zeros_like(a)
+    return torch.where(by_minus_one, negated.to(out.dtype), out)
 
 
 def _view(node: Node, inputs: list[torch.Tensor], sizes: _SizeBinding) -> torch.Tensor:
