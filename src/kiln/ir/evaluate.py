@@ -13,6 +13,7 @@ int or an expression over size symbols, bound from the given tensors' actual sha
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -45,8 +46,10 @@ def evaluate(roots: list[Node], given: dict[Node, torch.Tensor], wide: bool,
              noise: torch.Generator | None = None) -> dict[Node, torch.Tensor]:
     """The values of roots (and of every node between them and the given tensors).
     wide: floats in float64; else each node in its own dtype. noise (with wide): each float
-    node's value is scaled by a random 1 + u * its dtype's ulp, u uniform in [-1, 1], so that
-    the spread of a few such evaluations measures how far rounding moves each element."""
+    node's value is scaled by a random 1 + u * its dtype's ulp, u uniform in [-1, 1], and a
+    sum moves by another u * ulp * sqrt(n) * the sum of its n terms' magnitudes (the rounding
+    of its partial sums, in whatever order a kernel adds them), so that the spread of a few
+    such evaluations measures how far rounding moves each element."""
     sizes = _SizeBinding(given)
     values: dict[Node, torch.Tensor] = {}
     for node, tensor in given.items():
@@ -58,10 +61,25 @@ def evaluate(roots: list[Node], given: dict[Node, torch.Tensor], wide: bool,
         out = evaluate_node(node, [values[i] for i in node.inputs], sizes)
         out = out.to(value_dtype(node.dtype, wide))
         if noise is not None and wide and node.dtype.is_floating_point and node.op is not Op.CONSTANT:
-            u = torch.rand(out.shape, generator=noise, dtype=torch.float64) * 2 - 1
-            out = out * (1 + u * torch.finfo(node.dtype).eps)
+            out = _perturbed(node, out, values, noise)
         values[node] = out
     return values
+
+
+def _perturbed(node: Node, out: torch.Tensor, values: dict[Node, torch.Tensor],
+               noise: torch.Generator) -> torch.Tensor:
+    eps = torch.finfo(node.dtype).eps
+
+    def uniform() -> torch.Tensor:
+        return torch.rand(out.shape, generator=noise, dtype=torch.float64) * 2 - 1
+
+    moved = out * (1 + uniform() * eps)
+    if node.op is Op.REDUCE and node.attrs[0] == "sum" and node.attrs[1]:
+        terms = values[node.inputs[0]]
+        n = math.prod(terms.shape[a] for a in node.attrs[1])
+        magnitude = terms.abs().to(torch.float64).sum(dim=tuple(node.attrs[1]))
+        moved = moved + uniform() * eps * math.sqrt(n) * magnitude
+    return moved
 
 
 def value_dtype(dtype: torch.dtype, wide: bool) -> torch.dtype:

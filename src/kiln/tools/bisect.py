@@ -151,9 +151,11 @@ def bisect(roots: list[Node], given: dict[Node, torch.Tensor], backend) -> str:
         inlined = [n for n in subgraph(roots, set(given)) if n not in roots and n.op not in _NOT_DECISIONS]
     if not inlined or trial.over(set(inlined)):
         bad = trial.first_bad_kernel(set(inlined))
-        where = bad.ops.splitlines()[-2] if bad is not None else _label(roots[0])
+        if bad is None:
+            return (f"not a fusion decision, nor one op: with every inlined value stored each op is within "
+                    f"tolerance, yet the chain's rounding errors add up past it ({trial.runs} compiles)")
         return (f"not a fusion decision: with every inlined value stored, an op is still over tolerance "
-                f"on its own: {where} ({trial.runs} compiles)")
+                f"on its own: {bad.ops.splitlines()[-2]} ({trial.runs} compiles)")
     lo, hi = 0, len(inlined)  # storing inlined[:hi] is within tolerance; inlined[:lo] is not
     while hi - lo > 1:
         mid = (lo + hi) // 2
