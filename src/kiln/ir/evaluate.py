@@ -42,6 +42,13 @@ def subgraph(roots: list[Node], given: set[Node]) -> list[Node]:
     return sorted(seen, key=lambda n: n.id)
 
 
+def largest_tensor(roots: list[Node], given: dict[Node, torch.Tensor]) -> int:
+    """Elements of the largest tensor evaluating roots from the given tensors would make."""
+    sizes = _SizeBinding(given)
+    nodes = subgraph(roots, set(given))
+    return max((math.prod(sizes.shape(n)) for n in nodes), default=0)
+
+
 def evaluate(roots: list[Node], given: dict[Node, torch.Tensor], wide: bool,
              noise: torch.Generator | None = None) -> dict[Node, torch.Tensor]:
     """The values of roots (and of every node between them and the given tensors).

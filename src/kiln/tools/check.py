@@ -7,9 +7,11 @@ wrapped: after a kernel runs, its tensor-IR sub-graph is evaluated from the kern
 buffers (ir/evaluate.py) twice, in float64 and in the nodes' own dtypes, and each output the
 kernel stored is compared:
 
-- floats: |kernel - float64| <= 4 x the own-dtype evaluation's RMS error against float64
-  + 8 ulps (of the output's dtype) of the values' scale (their largest magnitude); an element
-  equal to the own-dtype evaluation's, or non-finite where a reference is the same, passes;
+- floats: |kernel - float64| <= 4 x the own-dtype evaluation's RMS error against float64 (or
+  4 x the element's rounding noise, where larger: how far float64 evaluations with every op
+  perturbed by an ulp move it) + 8 ulps (of the narrowest float computed with) of the values'
+  scale (their largest magnitude); an element equal to the own-dtype evaluation's, or
+  non-finite where a reference is the same, passes;
 - integers and booleans: equal to one of the two evaluations.
 
 The first kernel over tolerance is named, with its ops, kernel IR, source and the model code it
@@ -31,7 +33,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.codegen import host as host_codegen
-from kiln.ir.evaluate import NotEvaluable, evaluate, subgraph
+from kiln.ir.evaluate import evaluate, largest_tensor, subgraph
 from kiln.ir.host import Launch
 from kiln.ir.kernel import kernel_str
 from kiln.ir.tensor import Node, Op, dtype_name, node_str
@@ -177,11 +179,6 @@ def compare(actual: torch.Tensor, wide: torch.Tensor, own: torch.Tensor, buffer:
     return OutputError(buffer, dtype, max_error, tolerance, count, numel)
 
 
-def sub_graph_elements(roots: list[Node], given: set[Node]) -> int:
-    nodes = subgraph(roots, given)
-    return max([n.numel for n in nodes] + [g.numel for n in nodes for g in n.inputs], default=0)
-
-
 def check_launch(roots: list[Node], given: dict[Node, torch.Tensor],
                  outputs: dict[Node, torch.Tensor]) -> list[OutputError]:
     """Each stored output of a launch against the evaluation of its ops from the launch's inputs."""
@@ -262,23 +259,25 @@ class _Session:
         if launch.kernel != kernel:
             raise RuntimeError(f"kiln numerics check: launch {self.next} runs {kernel}, "
                                f"expected {launch.kernel}")
-        key = (launch.kernel, launch.args)
-        roots = self.graphs.roots.get(key)
+        try:
+            self._check(launch, tensors)
+        except Exception as e:  # noqa: BLE001 - checking must not change what the program does
+            self.result.skipped.append(f"{kernel}: not evaluated ({type(e).__name__}: {e})")
+
+    def _check(self, launch: Launch, tensors: tuple) -> None:
+        kernel = launch.kernel
+        roots = self.graphs.roots.get((kernel, launch.args))
         if roots is None:
             self.result.skipped.append(f"{kernel}: no tensor IR kept for its launch")
             return
         by_name = dict(zip(launch.args, tensors))
         given = {self.node_of[a]: by_name[a] for a in launch.args if a not in launch.writes}
         outputs = {self.node_of[a]: by_name[a] for a in launch.writes}
-        elements = sub_graph_elements(roots, set(given))
+        elements = largest_tensor(roots, given)
         if elements > ELEMENT_LIMIT:
             self.result.skipped.append(f"{kernel}: a tensor of {elements} elements (over {ELEMENT_LIMIT})")
             return
-        try:
-            errors = check_launch(roots, given, outputs)
-        except (NotEvaluable, RuntimeError, TypeError, ValueError, IndexError) as e:
-            self.result.skipped.append(f"{kernel}: not evaluated ({type(e).__name__}: {e})")
-            return
+        errors = check_launch(roots, given, outputs)
         self.result.checked += 1
         names = {self.node_of[a]: a for a in launch.writes}
         for node, err in zip(outputs, errors):
