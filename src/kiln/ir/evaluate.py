@@ -165,11 +165,11 @@ def _take(src: torch.Tensor, index: list[torch.Tensor | int], shape: tuple[int, 
     else:
         safe = []
         for d, i in enumerate(index):
-            i = torch.as_tensor(i, dtype=torch.int64).expand(shape)
-            if valid is not None:
-                i = torch.where(valid, i, 0)
-            safe.append(i.clamp(0, src.shape[d] - 1))
-        out = src[tuple(safe)]
+            i = torch.as_tensor(i, dtype=torch.int64)
+            if valid is not None:  # where a view is not valid its index may point anywhere
+                i = torch.where(valid, i, 0).clamp(0, src.shape[d] - 1)
+            safe.append(i)
+        out = src[tuple(safe)].expand(shape)
     if valid is not None:
         out = torch.where(valid, out, torch.tensor(fill, dtype=out.dtype))
     return out

@@ -152,17 +152,21 @@ def compare(actual: torch.Tensor, wide: torch.Tensor, own: torch.Tensor, buffer:
         count = int(bad.sum())
         return OutputError(buffer, dtype, float(count), 0.0, count, numel)
     a, w, o = actual.double(), wide.double(), own.double()
+    eps = torch.finfo(dtype).eps if eps is None else eps
+    error = (a - w).abs()
     finite = torch.isfinite(w) & torch.isfinite(o)
     own_error = (o - w)[finite]
     rms = float(own_error.square().mean().sqrt()) if own_error.numel() else 0.0
     scale = float(w[finite].abs().max()) if bool(finite.any()) else 0.0
-    eps = torch.finfo(dtype).eps if eps is None else eps
     ulp_part = ulps * eps * scale
+    if noise is None and bool(finite.all()):  # the common case, in fewer passes over the data
+        max_error = float(error.max()) if numel else 0.0
+        if max_error <= RMS_FACTOR * rms + ulp_part:
+            return OutputError(buffer, dtype, max_error, RMS_FACTOR * rms + ulp_part, 0, numel)
     allowed = torch.full_like(w, RMS_FACTOR * rms)
     if noise is not None:
         allowed = torch.maximum(allowed, RMS_FACTOR * torch.nan_to_num(noise.double(), nan=0.0, posinf=0.0))
     allowed = allowed + ulp_part
-    error = (a - w).abs()
     same_as_own = (a == o) | (torch.isnan(a) & torch.isnan(o))
     same_as_wide = (a == w) | (torch.isnan(a) & torch.isnan(w))
     within = torch.where(torch.isfinite(w), error <= allowed, same_as_wide)
@@ -186,13 +190,17 @@ def check_launch(roots: list[Node], given: dict[Node, torch.Tensor],
     wide = evaluate(roots, given, wide=True)
     own = evaluate(roots, given, wide=False)
     eps, ulps = rounding_allowance(subgraph(roots, set(given)) + list(given))
+    actual = {n: t.detach().cpu() for n, t in outputs.items()}
+    errors = [compare(actual[n], wide[n], own[n], f"%{n.id}", eps, ulps) for n in outputs]
+    if not any(e.over and e.dtype.is_floating_point for e in errors):
+        return errors
+    # only where the RMS rule fails is each element's own rounding noise measured
     generator = torch.Generator().manual_seed(0)
     noisy = [evaluate(roots, given, wide=True, noise=generator) for _ in range(NOISY_EVALUATIONS)]
-    errors = []
-    for n, t in outputs.items():
-        noise = (torch.stack([(v[n] - wide[n]).abs() for v in noisy]).amax(0)
-                 if n.dtype.is_floating_point else None)
-        errors.append(compare(t.detach().cpu(), wide[n], own[n], f"%{n.id}", eps, ulps, noise))
+    for k, n in enumerate(outputs):
+        if errors[k].over and n.dtype.is_floating_point:
+            noise = torch.stack([(v[n] - wide[n]).abs() for v in noisy]).amax(0)
+            errors[k] = compare(actual[n], wide[n], own[n], f"%{n.id}", eps, ulps, noise)
     return errors
 
 
