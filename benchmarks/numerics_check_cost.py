@@ -54,7 +54,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cases", nargs="+", default=["demo", "gpt2_train"])
     args = parser.parse_args()
-    print("| program | first call unchecked (s) | first call checked (s) | launches checked | skipped | over |")
+    print("| program | first call unchecked (s) | first call checked (s) | launches checked | skipped "
+          "| over |")
     print("|---|---|---|---|---|---|")
     for case in args.cases:
         plain = [first_call(case, False)["seconds"] for _ in range(args.repeat)]
