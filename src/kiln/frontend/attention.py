@@ -14,6 +14,7 @@ import torch
 import torch.fx as fx
 
 from kiln.frontend.effects import has_side_effects
+from kiln.frontend.origin import keep_origin
 
 aten = torch.ops.aten
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.expand.default, aten.clone.default)
@@ -158,6 +159,7 @@ def rewrite_attention(gm: fx.GraphModule) -> int:
         with qv.fake_mode:
             fused.meta["val"] = aten.scaled_dot_product_attention.default(
                 qv, k.meta["val"], v.meta["val"], is_causal=is_causal, scale=scale)
+        keep_origin(fused, node)
         node.replace_all_uses_with(fused)
         count += 1
     if count:

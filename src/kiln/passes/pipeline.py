@@ -50,6 +50,13 @@ from kiln.passes.layout import LayoutChoice, Layouts
 from kiln.passes.memory import plan_memory
 from kiln.passes.overlap import overlap_communication
 from kiln.passes.simplify import all_rules, simplify
+from kiln.passes.source_map import (
+    build_source_map,
+    container_modules,
+    kernel_name,
+    kernel_nodes,
+    node_origins,
+)
 from kiln.passes.split_reductions import split_reductions
 
 
@@ -77,6 +84,8 @@ class CompileReport:
     cost: Any = None  # passes/cost.py's GraphCost, against eager's ops (set by the frontend)
     program: Any = None  # a weak reference to the loaded call (explain times its launches)
     from_cache: str = ""  # the graph cache entry the program was loaded from; "" when compiled
+    source_map: dict = field(default_factory=dict)  # kernel or ATen call -> passes/source_map.py's entry
+    node_origins: dict = field(default_factory=dict)  # node id -> model code (decisions name nodes by id)
 
     @property
     def num_kernels(self) -> int:
@@ -143,6 +152,8 @@ def compile_graph(
                           if n in sched.stored and n.op not in MATERIALIZED]
         report.decisions = sched.decisions
         report.kernels = list({k.name: k for k in kernels.values()}.values())  # distinct kernels
+        report.source_map = build_source_map(sched.steps, sched.stored, kernels, names)
+        report.node_origins = node_origins(graph)
         externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
         t.summary = f"{len(kernels)} kernels, {externs} ATen calls"
     with _Timer(report, "overlap") as t:
@@ -183,7 +194,7 @@ def _fuse_and_kernelize(
                     kernels[id(step)] = emit_kernel(
                         "kernel", step, names, layouts, backend.row_scratch_limit, backend.keep_loaded_rows
                     )
-            return sched, _name_by_content(kernels)
+            return sched, _name_by_content(kernels, sched)
         except FusionMismatch as e:
             if e.node in sched.stored:  # storing it again would change nothing
                 raise RuntimeError(f"kernelize: {e.reason}") from e
@@ -191,13 +202,16 @@ def _fuse_and_kernelize(
             stored[e.node] = e.reason
 
 
-def _name_by_content(kernels: dict[int, Kernel]) -> dict[int, Kernel]:
-    """kernel0, kernel1, ... in order of first appearance; kernels with the same text
+def _name_by_content(kernels: dict[int, Kernel], sched: Schedule) -> dict[int, Kernel]:
+    """kiln_<what it fuses>_0, _1, ... in order of first appearance; kernels with the same text
     (the same computation on other buffers) share a name and are built once."""
     names: dict[str, str] = {}
+    plans, containers = {id(step): step for step in sched.steps}, container_modules(sched.graph)
     out = {}
     for key, kern in kernels.items():
         text = kernel_str(kern)
-        name = names.setdefault(text, f"kernel{len(names)}")
+        if text not in names:
+            names[text] = kernel_name(kernel_nodes(plans[key].roots, sched.stored), len(names), containers)
+        name = names[text]
         out[key] = dataclasses.replace(kern, name=name)
     return out
