@@ -15,7 +15,7 @@ from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
-from kiln import counters, errors
+from kiln import counters, errors, logs
 from kiln.codegen.backends import get_backend, resolve_target, target_problem
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
@@ -25,8 +25,8 @@ from kiln.lower.core import Unsupported
 from kiln.options import Options, backend_options, env_debug
 
 log = logging.getLogger("kiln")
-# kiln's compiles per shape show with Dynamo's own under TORCH_LOGS=recompiles
-recompiles_log = torch._logging.getArtifactLogger("torch._dynamo.backends.kiln", "recompiles")
+# kiln's compiles per shape: KILN_LOGS=recompiles, or with Dynamo's own under TORCH_LOGS=recompiles
+recompiles_log = logs.recompiles
 
 
 class ReportLog:
@@ -199,7 +199,7 @@ class _PerShape:
             else:
                 variants = counters.shape_variant(self.number)
                 shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
-                recompiles_log.debug("kiln: symbolic graph %d compiled for shapes %s (program %d of at most "
+                recompiles_log.info("kiln: symbolic graph %d compiled for shapes %s (program %d of at most "
                                      "%d)", self.number, shapes, variants, self.SHAPE_LIMIT)
                 fn = self.compiled[key] = _or_aten(self.gm, _compile_shape, self.gm, args, self.options)
         return fn(*args)

@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
+from kiln import logs
 from kiln.codegen import host as host_codegen
 from kiln.codegen.backends import Backend
 from kiln.frontend.addmm import split_launch_bound_addmm
@@ -101,11 +102,14 @@ class _Timer:
         self.report, self.name, self.summary = report, name, ""
 
     def __enter__(self):
+        logs.step(self.name)
         self.t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
-        self.report.passes.append(PassRecord(self.name, time.perf_counter() - self.t0, self.summary))
+        record = PassRecord(self.name, time.perf_counter() - self.t0, self.summary)
+        self.report.passes.append(record)
+        logs.passes.info("%-15s %8.1f ms  %s", record.name, record.seconds * 1e3, record.summary)
 
 
 def buffer_names_for(graph: Graph, stored) -> dict[Node, str]:
@@ -119,6 +123,15 @@ def buffer_names_for(graph: Graph, stored) -> dict[Node, str]:
 def compile_graph(
     gm: fx.GraphModule, example_inputs: list[Any], backend: Backend
 ) -> tuple[Callable, CompileReport]:
+    with logs.Progress(f"compiling a graph of {len(gm.graph.nodes)} FX nodes"):
+        call, report = _compile_graph(gm, example_inputs, backend)
+    _log_compiled(report)
+    return call, report
+
+
+def _compile_graph(
+    gm: fx.GraphModule, example_inputs: list[Any], backend: Backend
+) -> tuple[Callable, CompileReport]:
     report = CompileReport(backend=backend.name)
     with _Timer(report, "attention") as t:
         t.summary = f"{rewrite_attention(gm)} written-out attentions fused"
@@ -128,14 +141,17 @@ def compile_graph(
     with _Timer(report, "import") as t:
         graph, report.fallbacks = import_graph(gm, example_inputs, backend.unsupported_fns)
         t.summary = f"{len(graph.nodes)} nodes, {len(report.fallbacks)} op kinds run in ATen"
+    logs.debug_text(logs.passes, "tensor graph after import", lambda: str(graph))
     with _Timer(report, "simplify") as t:
         before = len(graph.nodes)
         graph, fired = simplify(graph, all_rules())
         fired_text = ", ".join(f"{k} x{v}" for k, v in sorted(fired.items()))
         t.summary = f"{before} -> {len(graph.nodes)} nodes" + (f"; {fired_text}" if fired_text else "")
+    logs.debug_text(logs.passes, "tensor graph after simplify", lambda: str(graph))
     with _Timer(report, "split") as t:
         graph, split = split_reductions(graph, backend.busy_programs, backend.column_block)
         t.summary = f"{split} reductions split across programs"
+    logs.debug_text(logs.passes, "tensor graph after split", lambda: str(graph))
     report.graph_text = str(graph)
     layouts = Layouts(graph)
     with _Timer(report, "store") as t:
@@ -179,6 +195,27 @@ def compile_graph(
         report.program = weakref.ref(call)
         t.summary = f"{len(launchers) - report.cache_hits} compiled, {report.cache_hits} from cache"
     return call, report
+
+
+def _log_compiled(report: CompileReport) -> None:
+    """What the later passes made, for the topics that show it at debug level."""
+    from kiln.tools.explain import decision_lines
+
+    externs = len([e for e in report.source_map.values() if e.kind == "aten"])
+    verdicts = ", ".join(f"{v} {sum(d.verdict == v for d in report.decisions)}"
+                         for v in sorted({d.verdict for d in report.decisions}))
+    logs.fusion.info("%d kernels, %d ATen calls; decisions: %s", report.num_kernels, externs,
+                     verdicts or "none")
+    logs.debug_text(logs.fusion, "decisions", lambda: "\n".join(decision_lines(report.decisions,
+                                                                               report.node_origins)))
+    logs.debug_text(logs.passes, "kernel IR after kernelize",
+                    lambda: "\n\n".join(kernel_str(k) for k in report.kernels))
+    logs.debug_text(logs.passes, "host program after memory", lambda: str(report.host_program))
+    logs.kernels.info("%d kernels: %s", report.num_kernels, ", ".join(k.name for k in report.kernels))
+    for name, source in report.sources.items():
+        logs.debug_text(logs.kernels, f"source of {name}", lambda source=source: source)
+    logs.cache.info("kernels: %d compiled, %d from the kernel cache", report.num_kernels - report.cache_hits,
+                    report.cache_hits)
 
 
 def _fuse_and_kernelize(
