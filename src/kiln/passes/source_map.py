@@ -40,6 +40,7 @@ class SourceEntry:
     name: str  # the kernel's name, or the buffer the ATen call writes
     kind: str  # "kernel" or "aten"
     sites: tuple[SourceSite, ...]
+    per_launch: tuple[tuple[SourceSite, ...], ...] = ()  # each launch's sites, in program order
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -118,6 +119,10 @@ def kernel_label(nodes: list[Node], containers: frozenset[str] = frozenset()) ->
         o = node_origin(n)
         word = o.label(containers) if o is not None else ""
         words[word or _op_name(n).split(".")[-1].lower()] = None
+    if not words:  # no arithmetic: what made the values (arange, a view's op), else a copy
+        words = dict.fromkeys(node_origin(n).label(containers) for n in nodes
+                              if n.op is not Op.INPUT and node_origin(n) is not None)
+        words.pop("", None)
     label = ""
     for w in words:
         candidate = f"{label}_{w}" if label else w
@@ -151,6 +156,7 @@ def build_source_map(steps, stored, kernels: dict[int, object], buffer_names: di
     """Kernel name or ATen call's buffer -> SourceEntry, in execution order. steps: the
     schedule's kernel plans (with .roots) and extern nodes; kernels: id(plan) -> Kernel."""
     sites: dict[str, dict[SourceSite, None]] = {}
+    launches: dict[str, list[tuple[SourceSite, ...]]] = {}
     kinds: dict[str, str] = {}
     for step in steps:
         if id(step) in kernels:
@@ -161,6 +167,10 @@ def build_source_map(steps, stored, kernels: dict[int, object], buffer_names: di
             continue
         kinds[name] = kind
         entry = sites.setdefault(name, {})
-        for s in _sites(nodes):
+        here = _sites(nodes)
+        if kind == "aten" or kernels[id(step)].outer_numel > 0:  # an empty kernel is not launched
+            launches.setdefault(name, []).append(tuple(here))
+        for s in here:
             entry[s] = None
-    return {name: SourceEntry(name, kinds[name], tuple(s)) for name, s in sites.items()}
+    return {name: SourceEntry(name, kinds[name], tuple(s), tuple(launches.get(name, ())))
+            for name, s in sites.items()}

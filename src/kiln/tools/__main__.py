@@ -30,8 +30,12 @@ def _explain(args) -> int:
 
     torch.manual_seed(0)
     with torch.no_grad():
-        print(explain(Block().eval(), torch.randn(2, 16, 256), show_kernels=True, show_source=args.source,
-                      measure=args.measure))
+        explanation = explain(Block().eval(), torch.randn(2, 16, 256), show_kernels=True,
+                              show_source=args.source, measure=args.measure)
+    if args.html:
+        print(f"wrote {explanation.save_html(args.html, title='kiln report: the demo block')}")
+    else:
+        print(explanation)
     return 0
 
 
@@ -51,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--source", action="store_true", help="also print the generated C++ and host code")
     ex.add_argument("--measure", action="store_true",
                     help="also time eager, the compiled call and each kernel (roofline, break-even)")
+    ex.add_argument("--html", metavar="PATH", help="write the explanation as one self-contained HTML page "
+                                                   "(roofline, kernel table, passes, fusion graphs) instead")
     cache = sub.add_parser("cache", help="list kiln's cache entries, explain its misses, or clear it")
     cache.add_argument("action", nargs="?", choices=["ls", "why", "clear", "info"], default="ls",
                        help="ls: entries with size, age and hits (info: the same); why: for the latest "

@@ -196,6 +196,10 @@ class GraphExplanation:
     def aten_calls(self) -> list[SourceEntry]:
         return [e for e in self.report.source_map.values() if e.kind == "aten"]
 
+    def decision_code(self) -> list[tuple[Decision, Origin | None]]:
+        """Each decision with the model code it is about."""
+        return [(d, decision_origin(d, self.report.node_origins)) for d in self.report.decisions]
+
     @property
     def compile_s(self) -> float:
         return self.report.seconds
@@ -237,6 +241,35 @@ class Explanation:
     compiled_s: float | None = None  # measured, per call
     break_even: BreakEven | None = None
     ceilings: Ceilings | None = None
+
+    @property
+    def kernels(self) -> list[KernelCost]:
+        """Every graph's kernels, with their costs and model code."""
+        return [k for g in self.graphs for k in g.kernels]
+
+    @property
+    def decisions(self) -> list[Decision]:
+        return [d for g in self.graphs for d in g.decisions]
+
+    @property
+    def fallbacks(self) -> dict[str, str]:
+        """ATen op -> why it runs in ATen, over every graph."""
+        return {op: why for g in self.graphs for op, why in g.fallbacks.items()}
+
+    @property
+    def source_map(self) -> dict[str, SourceEntry]:
+        """Kernel name or ATen call's buffer -> its model code, over every graph ("g1:buf3"
+        from the second graph on, where names repeat across graphs)."""
+        out: dict[str, SourceEntry] = {}
+        for i, g in enumerate(self.graphs):
+            out.update({(name if i == 0 else f"g{i}:{name}"): e for name, e in g.source_map.items()})
+        return out
+
+    def save_html(self, path, title: str = "kiln report"):
+        """Write one self-contained HTML page (tools/report_html.py); returns its path."""
+        from kiln.tools.report_html import save_html
+
+        return save_html(self, path, title)
 
     def __contains__(self, text: str) -> bool:
         """`"kernel0" in kiln.explain(...)` reads the text, as when explain returned it."""
