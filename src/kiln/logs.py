@@ -10,7 +10,7 @@ rejects names it does not know when it is imported, before kiln can register any
 topics are KILN_LOGS's only.
 
 Without either, the loggers inherit from `kiln`: warnings show (a graph left to ATen, a cache
-directory unusable, a compile still running after LONG_STEP_S), nothing else.
+directory unusable, a compile still running after WARN_AFTER_S), nothing else.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ TOPICS = {
     "fallbacks": "what runs in ATen instead of kiln's kernels, and why",
 }
 ROOT = "kiln"
-LONG_STEP_S = 5.0  # a compile running longer says which pass it is in, this often
+LONG_STEP_S = 5.0  # a compile running longer says which pass it is in, this often (info level)
+WARN_AFTER_S = 30.0  # from then on as warnings: a compile this long is pathological, and must show
 _KILN_HANDLER = "kiln.logs handler"  # the name of the handler configure() adds
 
 
@@ -142,7 +143,8 @@ def step(part: str) -> None:
 
 class Progress:
     """A long step (a compile) that names its current part (a pass): while it runs past
-    LONG_STEP_S, a watcher thread logs, every LONG_STEP_S, the part it is in."""
+    LONG_STEP_S, a watcher thread logs, every LONG_STEP_S, the part it is in; at info level,
+    and as warnings once it has run WARN_AFTER_S."""
 
     def __init__(self, what: str, log: logging.Logger = passes, every_s: float | None = None):
         self.what, self.log, self.every_s = what, log, every_s if every_s is not None else LONG_STEP_S
@@ -164,11 +166,14 @@ class Progress:
         _current.progress = self.outer
         elapsed = time.perf_counter() - self.start
         if elapsed >= self.every_s:
-            self.log.warning("kiln: %s took %.1f s", self.what, elapsed)
+            self.log.log(self._level(elapsed), "kiln: %s took %.1f s", self.what, elapsed)
+
+    def _level(self, elapsed: float) -> int:
+        return logging.WARNING if elapsed >= WARN_AFTER_S else logging.INFO
 
     def report(self, now: float) -> None:
-        self.log.warning("kiln: %s still running after %.1f s: in %s for %.1f s", self.what,
-                         now - self.start, self.part or "its first step", now - self.part_start)
+        self.log.log(self._level(now - self.start), "kiln: %s still running after %.1f s: in %s for %.1f s",
+                     self.what, now - self.start, self.part or "its first step", now - self.part_start)
         self.next_report = now + self.every_s
 
 

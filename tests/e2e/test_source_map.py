@@ -106,7 +106,8 @@ def test_explain_prints_the_model_code_under_each_kernel_and_aten_call_and_decis
         assert kernel.source is graph.source_map[kernel.name]
         assert kernel.model_code and f"{THIS_FILE}:" in kernel.model_code
         first = text.index(f"  {kernel.name}:")
-        assert text[first:].split("\n")[1].startswith(f"    from norm (RMSNorm) {THIS_FILE}:")
+        assert text[first:].split("\n")[1].startswith("    from ")  # the model code, under the kernel
+    assert f"    from norm (RMSNorm) {THIS_FILE}:{_line('# NORM LINE')}" in text
     assert graph.aten_calls and "ATen calls:" in text
     assert f"from lin (Linear) {THIS_FILE}:{_line('# LAYER LINE')}" in text
     fused = [line for line in text.splitlines() if line.startswith("  fused")]

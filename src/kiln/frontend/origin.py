@@ -66,7 +66,7 @@ class Origin:
 
 
 _ORIGIN_META = ("stack_trace", "nn_module_stack", "fwd_nn_module_stack", "source_fn_stack",
-                "autograd_backward")
+                "autograd_backward", "original_aten")
 
 
 def keep_origin(new, old) -> None:
