@@ -163,7 +163,8 @@ def test_names_are_stable_so_a_second_compile_hits_the_kernel_cache(monkeypatch)
 @pytest.mark.parametrize("dynamo, path", [
     ("L['self'].layers[0].norm", "layers.0.norm"),
     ("L['self']._modules['h']._modules['0'].attn", "h.0.attn"),
-    ("L['mod'].lin", "lin"),
+    ("L['model'].lin", "model.lin"),
+    ("G['model']._modules['h'][1]", "model.h.1"),
     ("L['self']", ""),
 ])
 def test_dynamo_module_paths_read_as_named_modules(dynamo, path):

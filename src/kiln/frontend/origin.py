@@ -12,7 +12,10 @@ from typing import Any
 ORIGIN = "origin"  # the key of a node's origin in Node.meta
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n(?P<code>[^\n]*)')
-_DYNAMO_ROOT = re.compile(r"^L\[['\"][^'\"]+['\"]\]\.?")
+# the compiled module itself (L['self']; L['fn'] inside kiln.explain) is the path's root; another
+# local or global (L['model'], G['model']) is its first part
+_DYNAMO_ROOT = re.compile(r"^L\[['\"](self|fn)['\"]\]\.?")
+_DYNAMO_NAME = re.compile(r"^[LG]\[['\"]([^'\"]+)['\"]\]")
 _MODULES_ITEM = re.compile(r"(?:^|\.)_modules\[['\"]([^'\"]+)['\"]\]")
 _INDEX = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
 
@@ -79,7 +82,7 @@ def keep_origin(new, old) -> None:
 def module_path(dynamo_path: str) -> str:
     """Dynamo's module path ("L['self'].h._modules['0'].attn", "L['self'].h[0]") as the
     dotted path named_modules() gives ("h.0.attn")."""
-    path = _DYNAMO_ROOT.sub("", dynamo_path)
+    path = _DYNAMO_NAME.sub(r"\1", _DYNAMO_ROOT.sub("", dynamo_path))
     path = _MODULES_ITEM.sub(r".\1", path)
     path = _INDEX.sub(r".\1", path)
     return path.strip(".")

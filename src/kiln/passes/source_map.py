@@ -9,6 +9,7 @@ same names and the kernel cache hits.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kiln.frontend.origin import ORIGIN, Origin
@@ -118,7 +119,7 @@ def kernel_label(nodes: list[Node], containers: frozenset[str] = frozenset()) ->
             continue
         o = node_origin(n)
         word = o.label(containers) if o is not None else ""
-        words[word or _op_name(n).split(".")[-1].lower()] = None
+        words[word or re.sub(r"[^a-z0-9]+", "", _op_name(n).split(".")[-1].lower())] = None
     if not words:  # no arithmetic: what made the values (arange, a view's op), else a copy
         words = dict.fromkeys(node_origin(n).label(containers) for n in nodes
                               if n.op is not Op.INPUT and node_origin(n) is not None)
