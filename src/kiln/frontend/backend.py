@@ -20,6 +20,7 @@ from kiln.codegen.backends import get_backend, resolve_target, target_problem
 from kiln.frontend.attention_captured import rewrite_captured_attention
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
+from kiln.frontend.linear_xent import rewrite_linear_cross_entropy
 from kiln.frontend.partition import PartitionSummary, partition
 from kiln.ir.checks import RAISED_AS_EAGER
 from kiln.lower.core import Unsupported
@@ -384,10 +385,11 @@ def kiln_backend(
 def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: Options) -> Callable:
     """AOTAutograd with kiln's decompositions, kiln on the forward and backward graphs."""
     splits: list[PartitionSummary] = []  # one when AOTAutograd splits a training graph
-    attention = rewrite_captured_attention(gm)  # before tracing: SDPA's backward, not softmax's
+    # rewrites of Dynamo's graph, before tracing: their backward is part of what they choose
+    captured = rewrite_captured_attention(gm) + rewrite_linear_cross_entropy(gm)
 
     def fw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
-        return compile_aten_graph(g, inputs, options, splits[-1] if splits else None, attention)
+        return compile_aten_graph(g, inputs, options, splits[-1] if splits else None, captured)
 
     @torch.compiler.disable  # compiled at the first backward, maybe inside a compiled function
     def bw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
