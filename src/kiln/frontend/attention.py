@@ -8,8 +8,6 @@ in the written-out form and may differ in a fused kernel).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.fx as fx
 
@@ -151,8 +149,8 @@ def rewrite_attention(gm: fx.GraphModule) -> int:
             continue
         q, k, v, scale, is_causal = found
         qv = q.meta["val"]
-        if scale is None:
-            scale = 1.0 / math.sqrt(qv.shape[-1])
+        if scale is None:  # no scale written: SDPA's default 1/sqrt(d) must not apply
+            scale = 1.0
         with gm.graph.inserting_before(node):
             fused = gm.graph.call_function(aten.scaled_dot_product_attention.default, (q, k, v),
                                            {"is_causal": is_causal, "scale": scale})

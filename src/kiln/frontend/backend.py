@@ -17,8 +17,10 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, S
 
 from kiln import counters, errors, logs
 from kiln.codegen.backends import get_backend, resolve_target, target_problem
+from kiln.frontend.attention_captured import rewrite_captured_attention
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
+from kiln.frontend.linear_xent import rewrite_linear_cross_entropy
 from kiln.frontend.partition import PartitionSummary, partition
 from kiln.ir.checks import RAISED_AS_EAGER
 from kiln.lower.core import Unsupported
@@ -91,8 +93,10 @@ def _unsupported_reason(example_inputs: list[Any], target: str) -> str | None:
 
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: Options,
-                       partition_summary: PartitionSummary | None = None) -> Callable:
-    """Compile one ATen graph; on any failure, return the graph itself (runs in ATen)."""
+                       partition_summary: PartitionSummary | None = None,
+                       captured_decisions: list | None = None) -> Callable:
+    """Compile one ATen graph; on any failure, return the graph itself (runs in ATen).
+    captured_decisions: what the rewrites of Dynamo's graph decided, for the report."""
     device = graph_device(example_inputs)
     target = resolve_target(options.target, device)
     reason = _unsupported_reason(example_inputs, target)
@@ -105,6 +109,7 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
             eager = cost.eager_before_passes(gm, device)  # the passes rewrite gm
             fn, report = compile_cached(gm, example_inputs, options, target, get_backend(target, options))
             report.partition, report.cost = partition_summary, cost.after_compile(report, eager)
+            report.decisions = list(captured_decisions or ()) + report.decisions
             REPORTS.append(report)
             counters.graph_compiled(len(report.kernels), report.cache_hits, bool(report.from_cache))
             fn._boxed_call = True
@@ -380,9 +385,11 @@ def kiln_backend(
 def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: Options) -> Callable:
     """AOTAutograd with kiln's decompositions, kiln on the forward and backward graphs."""
     splits: list[PartitionSummary] = []  # one when AOTAutograd splits a training graph
+    # rewrites of Dynamo's graph, before tracing: their backward is part of what they choose
+    captured = rewrite_captured_attention(gm) + rewrite_linear_cross_entropy(gm)
 
     def fw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
-        return compile_aten_graph(g, inputs, options, splits[-1] if splits else None)
+        return compile_aten_graph(g, inputs, options, splits[-1] if splits else None, captured)
 
     @torch.compiler.disable  # compiled at the first backward, maybe inside a compiled function
     def bw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
