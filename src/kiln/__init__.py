@@ -12,9 +12,11 @@ from typing import Any, Callable
 
 import torch
 
+from kiln import logs
 from kiln.options import Options
 
 __version__ = "0.1.0"
+logs.configure()  # KILN_LOGS, and TORCH_LOGS's names for kiln's topics
 __all__ = ["compile", "jit", "explain", "export", "load", "stats", "reset_stats", "Options", "__version__"]
 
 

@@ -112,3 +112,8 @@ def env_graph_cache() -> bool:
     """KILN_GRAPH_CACHE=0 compiles every graph, neither loading nor storing whole graphs
     (kernels are still cached)."""
     return os.environ.get("KILN_GRAPH_CACHE", "1") not in ("0", "")
+
+
+def env_logs() -> str:
+    """KILN_LOGS: the log topics to show (kiln/logs.py), e.g. "passes,+fusion,-fallbacks"."""
+    return os.environ.get("KILN_LOGS", "")

@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln import errors
 from kiln.frontend.effects import has_side_effects
+from kiln.frontend.origin import origin_of
 from kiln.ir.tensor import ArgRef, Builder, Graph, GraphGrowthLimit, Layout, Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import WEAK_SCALAR, Unsupported, cast, constant, is_weak_scalar
@@ -98,6 +99,7 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
     device = graph_device(example_inputs)
     position = 0
     for n in gm.graph.nodes:
+        b.origin = origin_of(n.meta) if n.op == "call_function" else None  # stamped on n's nodes
         if n.op == "placeholder":
             ex = example_inputs[position]
             if isinstance(ex, torch.Tensor):
@@ -110,11 +112,7 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
             # a subgraph (a scan's or a loop's body) is an argument of the ATen call running it
             env[n] = value if isinstance(value, fx.GraphModule) else _tensor_constant(b, value)
         elif n.op == "call_function":
-            first_new = len(b.nodes)
             env[n] = _lower_call(b, n, env, fallbacks, unsupported_fns, device)
-            if n.meta.get("stack_trace"):  # the model code a node came from (the numerics check's)
-                for m in b.nodes[first_new:]:
-                    m.meta.setdefault("stack_trace", n.meta["stack_trace"])
         elif n.op == "output":
             fx_outs = tree_flatten(n.args[0])[0]
             outs = [env[a] if isinstance(a, fx.Node) else a for a in fx_outs]

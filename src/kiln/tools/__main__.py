@@ -30,8 +30,12 @@ def _explain(args) -> int:
 
     torch.manual_seed(0)
     with torch.no_grad():
-        print(explain(Block().eval(), torch.randn(2, 16, 256), show_kernels=True, show_source=args.source,
-                      measure=args.measure))
+        explanation = explain(Block().eval(), torch.randn(2, 16, 256), show_kernels=True,
+                              show_source=args.source, measure=args.measure)
+    if args.html:
+        print(f"wrote {explanation.save_html(args.html, title='kiln report: the demo block')}")
+    else:
+        print(explanation)
     return 0
 
 
@@ -76,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--source", action="store_true", help="also print the generated C++ and host code")
     ex.add_argument("--measure", action="store_true",
                     help="also time eager, the compiled call and each kernel (roofline, break-even)")
+    ex.add_argument("--html", metavar="PATH", help="write the explanation as one self-contained HTML page "
+                                                   "(roofline, kernel table, passes, fusion graphs) instead")
     check = sub.add_parser("check", help="run a script with kiln's numerics check on; exit 1 when a kernel "
                                           "is over tolerance")
     check.add_argument("script", help="the Python script to run")

@@ -26,17 +26,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from kiln.codegen import host as host_codegen
+from kiln.frontend.origin import ORIGIN
 from kiln.ir.evaluate import evaluate, largest_tensor, subgraph
 from kiln.ir.host import Launch
 from kiln.ir.kernel import kernel_str
-from kiln.ir.tensor import Node, Op, dtype_name, node_str
+from kiln.ir.tensor import Node, Op, dtype_name, node_str, type_str
 
 log = logging.getLogger("kiln")
 
@@ -219,22 +219,13 @@ def rounding_allowance(nodes: list[Node]) -> tuple[float | None, float]:
 
 # ---- what a person reads ---------------------------------------------------------------------
 
-_LAST_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>[^\n]*)')
-
-
 def model_code(nodes: list[Node]) -> tuple[str, ...]:
-    """The model code lines the nodes came from, in graph order, each once: the source map's
-    origin where the importer left one, else the FX node's stack trace (its last frame)."""
+    """The model code the nodes came from (the source map's origins, frontend/origin.py), in
+    graph order, each line once."""
     lines: list[str] = []
     for n in nodes:
-        origin = n.meta.get("origin")
-        text = origin.text() if origin is not None and hasattr(origin, "text") else None
-        if text is None:
-            trace = n.meta.get("stack_trace") or ""
-            frames = list(_LAST_FRAME.finditer(trace))
-            if frames:
-                f = frames[-1]
-                text = f"{'/'.join(f['file'].split('/')[-2:])}:{f['line']} in {f['fn']}: {f['code'].strip()}"
+        origin = n.meta.get(ORIGIN)
+        text = origin.text() if origin is not None else ""
         if text and text not in lines:
             lines.append(text)
     return tuple(lines)
@@ -242,7 +233,7 @@ def model_code(nodes: list[Node]) -> tuple[str, ...]:
 
 def ops_text(roots: list[Node], given: set[Node]) -> str:
     inputs = sorted(given, key=lambda n: n.id)
-    lines = [f"{n!r} : kernel input" for n in inputs]
+    lines = [f"{n!r} : {type_str(n)}, read from a buffer" for n in inputs]
     lines += [node_str(n) for n in subgraph(roots, given)]
     lines.append(f"stored: {', '.join(repr(r) for r in roots)}")
     return "\n".join(lines)
