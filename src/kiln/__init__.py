@@ -2,6 +2,7 @@
 
     torch.compile(model, backend="kiln")      # after `pip install`
     kiln.compile(model, fullgraph=False, dynamic=None, mode="default")
+    kiln.compile(model, check=True)           # first call: every kernel held against float64
     kiln.export(model, example_args, "model.kiln"); kiln.load("model.kiln")(*args)
 """
 
