@@ -97,9 +97,10 @@ def test_step_updates_parameters_and_states_in_place(name):
     assert verdicts and all(d.verdict == "in place" for d in verdicts), verdicts
     copies = [i for i in report.host_program.body if isinstance(i, CallAten) and "copy" in i.op]
     assert not copies, copies
-    # C++ runs every parameter's update in one launch (a group); Triton one launch a parameter
+    # the parameters' updates in kernel groups, the step counts' in one more launch (Adam's
+    # weight decay splits a few updates in two kernels: a state, then the parameter reading it)
     launches = [i for i in report.host_program.body if isinstance(i, Launch)]
-    assert len(launches) <= (2 if report.backend == "cpp" else len(params) + 1), report.host_program
+    assert len(launches) <= 3, report.host_program
 
 
 def test_learning_rate_as_a_tensor_changes_without_a_recompile():
@@ -196,4 +197,5 @@ def test_foreach_ops_decompose_into_fused_kernels():
     before = len(REPORTS)
     assert_same(kiln.compile(f)(xs, ys, zs), expected)
     assert not kiln.stats().ops_in_aten, str(kiln.stats())
-    assert sum(r.num_kernels for r in REPORTS[before:]) <= len(shapes)
+    launches = [i for r in REPORTS[before:] for i in r.host_program.body if isinstance(i, Launch)]
+    assert len(launches) == 1, [str(r.host_program) for r in REPORTS[before:]]

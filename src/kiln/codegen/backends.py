@@ -51,7 +51,7 @@ def _cpp(options) -> Backend:
 
 def _triton(options) -> Backend:
     from kiln.codegen import triton as tr
-    from kiln.codegen import triton_math
+    from kiln.codegen import triton_group, triton_math
     from kiln.runtime import triton_build
 
     def build(kernels, sources):
@@ -61,8 +61,8 @@ def _triton(options) -> Backend:
 
     unsupported = triton_math.INTERPRETER_UNSUPPORTED if triton_math.INTERPRETED else frozenset()
     # a persistent row lives in registers: keeping it is free, re-reading it is not
-    return Backend("triton", "Triton", tr.render_source, build, False, tr.PERSISTENT_MAX, True, unsupported,
-                   tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True)
+    return Backend("triton", "Triton", triton_group.render_source, build, False, tr.PERSISTENT_MAX, True,
+                   unsupported, tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True, group_members=16)
 
 
 _FACTORIES = {"cpp": _cpp, "triton": _triton}
