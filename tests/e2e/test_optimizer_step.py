@@ -104,6 +104,7 @@ def test_step_updates_parameters_and_states_in_place(name):
 
 
 def test_learning_rate_as_a_tensor_changes_without_a_recompile():
+    """Through torch.compile(backend="kiln") too."""
     torch.manual_seed(1)
     torch._dynamo.reset()
     kiln.reset_stats()
@@ -112,7 +113,7 @@ def test_learning_rate_as_a_tensor_changes_without_a_recompile():
     lr_eager, lr_kiln = torch.tensor(0.02), torch.tensor(0.02)
     eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=lr_eager, foreach=False)
     kiln_opt = torch.optim.AdamW(kiln_model.parameters(), lr=lr_kiln, foreach=False)
-    step = kiln.compile(kiln_opt.step)
+    step = torch.compile(kiln_opt.step, backend="kiln")
     for k, lr in enumerate((0.02, 0.01, 0.005)):
         lr_eager.fill_(lr)
         lr_kiln.fill_(lr)
@@ -123,6 +124,31 @@ def test_learning_rate_as_a_tensor_changes_without_a_recompile():
     for p, e in zip(kiln_model.parameters(), eager_model.parameters()):
         assert_same(p, e, TOL[p.dtype])
     assert kiln.stats().graphs_compiled == 1, str(kiln.stats())
+
+
+def test_learning_rate_as_a_float_changed_every_step_compiles_twice_at_most():
+    """Dynamo specializes the first float and makes it a symbol once it changes: one more
+    program, for every later value."""
+    torch.manual_seed(2)
+    torch._dynamo.reset()
+    kiln.reset_stats()
+    eager_model = torch.nn.Linear(6, 5)
+    kiln_model = copy.deepcopy(eager_model)
+    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=0.02)
+    kiln_opt = torch.optim.AdamW(kiln_model.parameters(), lr=0.02)
+    schedules = [torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5) for o in (eager_opt, kiln_opt)]
+    step = kiln.compile(kiln_opt.step)
+    for k in range(5):
+        _set_grads(eager_model, k)
+        _set_grads(kiln_model, k)
+        eager_opt.step()
+        step()
+        for schedule in schedules:
+            schedule.step()
+    for p, e in zip(kiln_model.parameters(), eager_model.parameters()):
+        assert_same(p, e, TOL[p.dtype])
+    assert kiln.stats().graphs_compiled <= 2, str(kiln.stats())
+    assert not kiln.stats().graphs_in_aten, str(kiln.stats())
 
 
 def test_an_update_read_again_after_its_kernel_is_copied_back_with_a_reason():
