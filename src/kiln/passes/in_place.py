@@ -110,14 +110,14 @@ def _static_problem(u: InputUpdate, sched: Schedule, kernels, by_name, layouts, 
 
 
 def _stores_after_loads(kern: k.Kernel) -> k.Kernel:
-    """A point-wise kernel with every store after every load: each stage runs once per point,
-    so the statements of all stages may run as one, the stores last."""
-    if kern.reduce or any(st.loop for st in kern.stages):
+    """A point-wise kernel with every store after every load: without a reduction domain each
+    stage runs once per point, so the statements of all stages may run as one, stores last."""
+    if kern.reduce or not kern.stages:
         return kern
     body = [s for st in kern.stages for s in st.body]
     stores = tuple(s for s in body if isinstance(s, k.Store))
     ordered = tuple(s for s in body if not isinstance(s, k.Store)) + stores
-    return dataclasses.replace(kern, stages=(k.Stage(False, ordered),))
+    return dataclasses.replace(kern, stages=(k.Stage(kern.stages[0].loop, ordered),))
 
 
 def _kernel_problem(kern: k.Kernel, buffer: str) -> str | None:
@@ -183,6 +183,8 @@ def write_in_place(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[No
             kernels[key] = dataclasses.replace(kern, args=tuple(moved.get(a, a) for a in kern.args))
     done = {id(u.step) for u, problem in verdicts.items() if problem is None}
     sched.steps[:] = [s for s in sched.steps if id(s) not in done]
+    gone = {f"{node_label(u.step)} {u.step.attrs[0]}" for u, problem in verdicts.items() if problem is None}
+    sched.decisions[:] = [d for d in sched.decisions if not (d.verdict == "extern" and d.node in gone)]
     for u, problem in verdicts.items():
         if problem is not None:
             errors.record(errors.Fallback("op", "by design", f"an update of {node_label(u.target)} is copied "

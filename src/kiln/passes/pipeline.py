@@ -139,11 +139,12 @@ def compile_graph(
     with _Timer(report, "fuse+kernelize") as t:
         sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend)
         names = buffer_names_for(graph, sched.stored)
-        sched.decisions.extend(write_in_place(sched, kernels, names, layouts, lambda plan, trial: emit_kernel(
-            "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows)))
+        updates = write_in_place(sched, kernels, names, layouts, lambda plan, trial: emit_kernel(
+            "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows))
         kernels = _name_by_content(kernels)
-        sched.decisions.extend(group_kernels(sched, kernels, backend.group_members))
+        groups = group_kernels(sched, kernels, backend.group_members)
         kernels = _name_by_content(kernels)
+        sched.decisions.extend(updates + groups)
         for step in sched.steps:
             copy = transposing_copy(kernels[id(step)], step, names, layouts) if id(step) in kernels else None
             if copy is not None:
@@ -153,7 +154,9 @@ def compile_graph(
         report.decisions = sched.decisions
         report.kernels = list({k.name: k for k in kernels.values()}.values())  # distinct kernels
         externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
-        t.summary = f"{len(kernels)} kernels, {externs} ATen calls"
+        in_place = sum(d.verdict == "in place" for d in updates)
+        t.summary = (f"{len(kernels)} kernels, {externs} ATen calls; {len(groups)} kernel groups, "
+                     f"{in_place} of {len(updates)} input updates in place")
     with _Timer(report, "overlap") as t:
         moved = overlap_communication(sched, kernels, names)
         sched.decisions.extend(moved)
