@@ -3,8 +3,9 @@
 AOTAutograd keeps each update of a graph input (an optimizer's parameters and states, a
 norm's running statistics) as a `copy_(input, new_value)` at the end of the graph. Where it
 is safe, the kernel computing the new value stores it straight into the input's memory: no
-buffer for the new value, no copy. Otherwise the copy_ stays an ATen call after the kernels,
-and a decision says why.
+buffer for the new value, no copy. Otherwise the copy_ stays an ATen call after the outputs,
+and a decision says why (the copy AOTAutograd would make otherwise: no op of the
+program runs in ATen instead of a kernel).
 
 Writing into an input is safe when
 - the new value is stored by a kernel, with the input's shape, dtype and strides, and the
@@ -22,7 +23,6 @@ from typing import Callable
 
 import torch
 
-from kiln import errors
 from kiln.ir import kernel as k
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
@@ -185,10 +185,6 @@ def write_in_place(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[No
     sched.steps[:] = [s for s in sched.steps if id(s) not in done]
     gone = {f"{node_label(u.step)} {u.step.attrs[0]}" for u, problem in verdicts.items() if problem is None}
     sched.decisions[:] = [d for d in sched.decisions if not (d.verdict == "extern" and d.node in gone)]
-    for u, problem in verdicts.items():
-        if problem is not None:
-            errors.record(errors.Fallback("op", "by design", f"an update of {node_label(u.target)} is copied "
-                                          f"after the kernels: {problem}", str(COPY_)))
     return [
         Decision(node_label(u.target), "in place", f"the kernel computing {node_label(u.value)} stores it "
                  "into the input's memory") if problem is None else
