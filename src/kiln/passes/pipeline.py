@@ -182,9 +182,9 @@ def _compile_graph(
         names = buffer_names_for(graph, sched.stored)
         updates = write_in_place(sched, kernels, names, layouts, lambda plan, trial: emit_kernel(
             "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows))
-        kernels = _name_by_content(kernels)
+        kernels = _name_by_content(kernels, sched)
         groups = group_kernels(sched, kernels, backend.group_members)
-        kernels = _name_by_content(kernels)
+        kernels = _name_by_content(kernels, sched)
         sched.decisions.extend(updates + groups)
         for step in sched.steps:
             copy = transposing_copy(kernels[id(step)], step, names, layouts) if id(step) in kernels else None
