@@ -96,6 +96,12 @@ def env_debug() -> bool:
     return os.environ.get("KILN_DEBUG", "") not in ("", "0")
 
 
+def env_symbolic() -> bool:
+    """KILN_SYMBOLIC=0 compiles a graph Dynamo traced with symbolic shapes once per shape it
+    meets, as before shape families; by default kiln compiles the family once."""
+    return os.environ.get("KILN_SYMBOLIC", "1") not in ("0", "")
+
+
 def env_graph_cache() -> bool:
     """KILN_GRAPH_CACHE=0 compiles every graph, neither loading nor storing whole graphs
     (kernels are still cached)."""

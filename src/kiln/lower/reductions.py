@@ -6,8 +6,9 @@ import math
 
 import torch
 
+from kiln.ir.sizes import is_symbolic, numel
 from kiln.lower.context import LowerCtx
-from kiln.lower.core import Unsupported, cast, pointwise, reduce, slice_
+from kiln.lower.core import Unsupported, cast, constant, pointwise, reduce, slice_
 from kiln.lower.registry import lowering
 
 aten = torch.ops.aten
@@ -22,7 +23,7 @@ def _dims(x, dim):
 def _count(x, dims) -> int:
     if dims is None or len(dims) == 0:
         return x.numel
-    return math.prod(x.shape[d % len(x.shape)] for d in dims) if x.shape else 1
+    return numel(tuple(x.shape[d % len(x.shape)] for d in dims)) if x.shape else 1
 
 
 @lowering(aten.sum.dim_IntList, aten.sum.default)
@@ -42,7 +43,8 @@ def _mean(ctx: LowerCtx, x, dim=None, keepdim=False, *, dtype=None):
     acc = torch.float32 if ctx.out_dtype in (torch.bfloat16, torch.float16) else ctx.out_dtype
     total = reduce(ctx.b, "sum", x, _dims(x, dim), keepdim, acc)
     n = _count(x, _dims(x, dim))
-    return pointwise(ctx.b, "div", total, float(n), out_dtype=ctx.out_dtype)
+    count = constant(ctx.b, n, acc) if is_symbolic(n) else float(n)  # a family's count: a size
+    return pointwise(ctx.b, "div", total, count, out_dtype=ctx.out_dtype)
 
 
 @lowering(aten.amax.default, aten.max.default)

@@ -41,7 +41,7 @@ from kiln.frontend.addmm import split_launch_bound_addmm
 from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
 from kiln.ir.host import HostProgram
-from kiln.ir.kernel import Kernel, kernel_str
+from kiln.ir.kernel import Kernel, kernel_str, size_params
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, plan_stores, schedule
 from kiln.passes.host_plan import build_host_program
@@ -77,6 +77,7 @@ class CompileReport:
     cost: Any = None  # passes/cost.py's GraphCost, against eager's ops (set by the frontend)
     program: Any = None  # a weak reference to the loaded call (explain times its launches)
     from_cache: str = ""  # the graph cache entry the program was loaded from; "" when compiled
+    family: str = ""  # a program of a shape family: each size symbol, where it is read, its traced value
 
     @property
     def num_kernels(self) -> int:
@@ -158,10 +159,11 @@ def compile_graph(
         report.host_program = host
         t.summary = plan.summary()
     with _Timer(report, "codegen") as t:
-        report.sources = {kern.name: backend.render(kern) for kern in report.kernels}
+        rendered = [size_params(kern) for kern in report.kernels]  # sizes become parameters
+        report.sources = {kern.name: backend.render(kern) for kern in rendered}
         t.summary = f"{sum(len(s) for s in report.sources.values())} bytes of {backend.language}"
     with _Timer(report, "build") as t:
-        kern_list = report.kernels
+        kern_list = rendered
         launchers, report.cache_hits = backend.build(kern_list, [report.sources[k.name] for k in kern_list])
         by_name = {kern.name: launch for kern, launch in zip(kern_list, launchers)}
         call, report.host_source = host_codegen.load_with_source(host, by_name)
@@ -197,7 +199,7 @@ def _name_by_content(kernels: dict[int, Kernel]) -> dict[int, Kernel]:
     names: dict[str, str] = {}
     out = {}
     for key, kern in kernels.items():
-        text = kernel_str(kern)
+        text = kernel_str(size_params(kern))  # the shape family's symbols as ks0, ks1, ...
         name = names.setdefault(text, f"kernel{len(names)}")
         out[key] = dataclasses.replace(kern, name=name)
     return out
