@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln import errors
 from kiln.frontend.effects import has_side_effects
-from kiln.ir.sizes import as_size, size_call
+from kiln.ir.sizes import NeedsNumber, as_size, shape_env, size_call
 from kiln.ir.tensor import ArgRef, Builder, Graph, GraphGrowthLimit, Layout, Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import WEAK_SCALAR, Unsupported, cast, constant, is_weak_scalar
@@ -273,6 +273,8 @@ def _lower_call(
         except (Unsupported, GraphGrowthLimit) as e:
             reason = str(e)
         except Exception as e:  # a lowering bug must not break the user's program
+            if isinstance(e, NeedsNumber) or shape_env() is not None:  # the graph compiles per shape
+                raise NeedsNumber(f"{name}: {type(e).__name__}: {e}") from e
             if env_debug():
                 raise
             if reads_number:  # the lowering may not expect a number known only at run time

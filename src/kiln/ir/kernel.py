@@ -17,7 +17,7 @@ import torch
 
 from kiln.ir.checks import Check
 from kiln.ir.index import Expr, Sym
-from kiln.ir.sizes import Size, simplify, size_symbol
+from kiln.ir.sizes import Size, is_symbolic, simplify, size_symbol
 from kiln.ir.tensor import dtype_name
 
 
@@ -196,7 +196,8 @@ def column_reduction(kernel: Kernel) -> bool:
     x, r = kernel.outer[-1], kernel.reduce[-1]
     loads = [s.index for st in kernel.stages for s in st.body if isinstance(s, Load)]
     along_rows = any(i.coef(r) == 1 for i in loads)
-    across_rows = any(i.coef(x) == 1 and i.coef(r) > 1 for i in loads)
+    # a shape family's stride (a size parameter) counts as more than 1
+    across_rows = any(i.coef(x) == 1 and (is_symbolic(i.coef(r)) or i.coef(r) > 1) for i in loads)
     return across_rows and not along_rows
 
 

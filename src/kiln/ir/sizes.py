@@ -90,8 +90,33 @@ def simplify(s: Size) -> Size:
     return s
 
 
+def _is_max_min(e: Any) -> str | None:
+    """"max" or "min" for sympy's and torch's Max and Min."""
+    name = type(e).__name__
+    return name.lower() if name in ("Max", "Min") and isinstance(e, sympy.Basic) else None
+
+
+def _decided_max_min(e: sympy.Basic) -> sympy.Basic:
+    """Max(1, s0 - 1) as s0 - 1 where the family's facts decide it (eager's strides use Max)."""
+    if not any(_is_max_min(x) for x in sympy.preorder_traversal(e)):
+        return e
+
+    def decide(x):
+        a, b = x.args[0], x.args[1] if len(x.args) == 2 else None
+        if b is None:
+            return x
+        larger = b if known_le(a, b) else a if known_le(b, a) else None
+        if larger is None:
+            return x
+        smaller = a if larger is b else b
+        return larger if _is_max_min(x) == "max" else smaller
+
+    return e.replace(lambda x: _is_max_min(x) is not None, decide)
+
+
 def _exact_floordivs(e: sympy.Basic) -> sympy.Basic:
     """FloorDiv(a, b) as a / b where b divides a for every size (a reshape's s0 * s1 // s1)."""
+    e = _decided_max_min(e)
     fd = _floordiv_class()
     if fd is None or not e.has(fd):
         return e
@@ -274,9 +299,8 @@ def render(s: Size, names: dict | None = None, lang: str = "c") -> str:
             return f"({go(e.args[0])} {'//' if lang == 'python' else '/'} {go(e.args[1])})"
         if isinstance(e, _mod_classes()):
             return f"({go(e.args[0])} % {go(e.args[1])})"
-        if isinstance(e, (sympy.Max, sympy.Min)):
-            fn = ("max" if isinstance(e, sympy.Max) else "min") if lang == "python" else \
-                ("std::max<int64_t>" if isinstance(e, sympy.Max) else "std::min<int64_t>")
+        if _is_max_min(e):
+            fn = _is_max_min(e) if lang == "python" else f"std::{_is_max_min(e)}<int64_t>"
             out = go(e.args[0])
             for a in e.args[1:]:
                 out = f"{fn}({out}, {go(a)})"

@@ -11,7 +11,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 from kiln.ir import index as ix
 from kiln.ir.index import Expr
 from kiln.ir.ops import FLOAT_ONLY, POINTWISE_FNS, PREDICATES
-from kiln.ir.sizes import NeedsNumber, Size, as_size, is_symbolic, known_divides, known_eq, numel
+from kiln.ir.sizes import NeedsNumber, Size, as_size, is_symbolic, known_divides, known_eq, known_le, numel
 from kiln.ir.tensor import Builder, Node, Op, dim_syms
 
 
@@ -196,8 +196,43 @@ def _exact_quotient(n: Size, d: Size) -> Size:
 def slice_(b: Builder, x: Node, dim: int, start: int, end: int, step: int = 1) -> Node:
     dim %= len(x.shape)
     n = x.shape[dim]
+    if is_symbolic(n) or is_symbolic(start) or is_symbolic(end):
+        return _symbolic_slice(b, x, dim, start, end, step)
     start, end, _ = slice(start, end, step).indices(n) if step > 0 else (start, end, step)
     length = max(0, (end - start + step - 1) // step)
+    return _sliced(b, x, dim, start, length, step)
+
+
+def _symbolic_slice(b: Builder, x: Node, dim: int, start, end, step: int) -> Node:
+    """A slice of a shape family's dimension: its bounds as sizes, clamped to [0, n] where
+    that is known for every size (else the slice needs a number)."""
+    from torch.utils._sympy.functions import FloorDiv
+
+    n = x.shape[dim]
+
+    def bound(v, default):
+        if v is None:
+            return default
+        if isinstance(v, int) and v >= 2**62:  # x[a:] is traced as end = sys.maxsize
+            return n
+        v = v + n if isinstance(v, int) and v < 0 else v
+        if known_le(v, n) and known_le(0, v):
+            return v
+        if isinstance(v, int) and v >= 0 or is_symbolic(v) and known_le(0, v):
+            if known_le(n, v):
+                return n
+        raise NeedsNumber(f"a slice [{start}:{end}] of a dimension of size {n}")
+
+    if not isinstance(step, int) or step <= 0:
+        raise NeedsNumber(f"a slice with step {step} of a dimension of size {n}")
+    lo, hi = bound(start, 0), bound(end, n)
+    if not known_le(lo, hi):
+        raise NeedsNumber(f"a slice [{start}:{end}] of a dimension of size {n}")
+    length = as_size(hi - lo) if step == 1 else as_size(FloorDiv(hi - lo + step - 1, step))
+    return _sliced(b, x, dim, lo, length, step)
+
+
+def _sliced(b: Builder, x: Node, dim: int, start, length, step: int) -> Node:
     shape = list(x.shape)
     shape[dim] = length
     syms = dim_syms(tuple(shape))
