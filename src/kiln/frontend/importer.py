@@ -256,7 +256,7 @@ def _lower_call(
     if fn is not None:
         single = isinstance(val, torch.Tensor)
         ctx = LowerCtx(
-            b, n.target, tuple(val.shape) if single else None, val.dtype if single else None, n, device
+            b, n.target, _sizes(val.shape) if single else None, val.dtype if single else None, n, device
         )
         try:
             first_new = len(b.nodes)

@@ -96,7 +96,7 @@ class Expr:
 
     def __mul__(self, k: Size) -> Expr:
         if isinstance(k, bool) or not isinstance(k, (int, sympy.Expr)):
-            raise TypeError("index expressions scale by integers and sizes only")
+            raise TypeError(f"index expressions scale by integers and sizes, not {type(k).__name__}")
         return _make([(a, c * k) for a, c in self.terms], simplify(self.const * k))
 
     __rmul__ = __mul__

@@ -218,10 +218,12 @@ def hint(s: Any) -> int:
             return s
     env = shape_env()
     values = getattr(env, "backed_var_to_val", None) or getattr(env, "var_to_val", None) or {}
-    try:
-        return int(s.xreplace({k: sympy.Integer(v) for k, v in values.items()}))
-    except TypeError as e:
-        raise NeedsNumber(f"no example value for the size {s}") from e
+    s = s.xreplace({k: sympy.Integer(v) for k, v in values.items()})
+    # a size known only at run time (read from data) has no example: a typical one stands in
+    return int(s.xreplace({k: sympy.Integer(UNBACKED_HINT) for k in s.free_symbols}))
+
+
+UNBACKED_HINT = 8192  # the size a choice of speed assumes for a size read from data
 
 
 def number(s: Any, why: str) -> int:
