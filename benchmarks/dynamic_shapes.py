@@ -64,7 +64,8 @@ def main() -> None:
 
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(hidden, hidden, generator=g) / hidden**0.5).to(device, dtype)
-    inputs = [torch.randn(8, 128 + 37 * i, hidden, generator=g).to(device, dtype) for i in range(args.lengths)]
+    lengths = [128 + 37 * i for i in range(args.lengths)]
+    inputs = [torch.randn(8, n, hidden, generator=g).to(device, dtype) for n in lengths]
     for x in inputs[:2]:  # the results agree with eager before anything is timed
         torch.testing.assert_close(torch.compile(case, backend="kiln")(x, w), case(x, w),
                                    rtol=2e-2, atol=2e-2)
