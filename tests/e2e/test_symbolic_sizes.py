@@ -204,3 +204,47 @@ def test_explain_lists_the_shape_family():
 
     text = str(kiln.explain(f, randn(5, 17), options={"dynamic": True}))
     assert "shape family: " in text and "(traced 17)" in text, text
+
+
+def test_training_with_varying_lengths_compiles_forward_and_backward_once():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(HIDDEN, 4, 2 * HIDDEN, dropout=0.0, batch_first=True)
+    reference = torch.nn.TransformerEncoderLayer(HIDDEN, 4, 2 * HIDDEN, dropout=0.0, batch_first=True)
+    reference.load_state_dict(layer.state_dict())
+    compiled = kiln.compile(layer, dynamic=True)
+    for n in LENGTHS[:4]:
+        x = randn(5, n, HIDDEN)
+        got, want = compiled(x), reference(x)
+        got.sum().backward()
+        want.sum().backward()
+        assert_same(got, want, {"rtol": 1e-4, "atol": 1e-4})
+        for p, q in zip(layer.parameters(), reference.parameters()):
+            assert_same(p.grad, q.grad, {"rtol": 1e-3, "atol": 1e-4})
+    assert_one_family(graphs=2)
+
+
+@cpp_only
+def test_an_artifact_with_dynamic_shapes_serves_every_size_in_its_range(tmp_path):
+    from torch.export import Dim
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(HIDDEN, HIDDEN)
+
+        def forward(self, x):
+            return torch.nn.functional.gelu(self.lin(x)) * torch.softmax(x, -1)
+
+    model = Block().eval()
+    batch, length = Dim("batch", min=2, max=64), Dim("length", min=2, max=4096)
+    path = kiln.export(model, (randn(3, 5, HIDDEN),), tmp_path / "family",
+                       dynamic_shapes={"x": {0: batch, 1: length}})
+    loaded = kiln.load(path)
+    shape = loaded.manifest["inputs"][0]["shape"]
+    assert [d["min"] for d in shape[:2]] == [2, 2] and [d["max"] for d in shape[:2]] == [64, 4096], shape
+    for b, n in ((2, 2), (3, 17), (64, 4097 - 1), (7, 1000)):
+        x = randn(b, n, HIDDEN)
+        with torch.no_grad():
+            assert_same(loaded(x), model(x))
+    with pytest.raises(ValueError, match=r"input 0 has size 65 in dimension 0, outside the range \[2, 64\]"):
+        loaded(randn(65, 3, HIDDEN))
