@@ -248,3 +248,29 @@ def test_an_artifact_with_dynamic_shapes_serves_every_size_in_its_range(tmp_path
             assert_same(loaded(x), model(x))
     with pytest.raises(ValueError, match=r"input 0 has size 65 in dimension 0, outside the range \[2, 64\]"):
         loaded(randn(65, 3, HIDDEN))
+
+
+@cpp_only
+def test_a_family_program_is_logged_and_loaded_from_the_graph_cache(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import torch, kiln
+        f = lambda x: torch.softmax(x, -1) * 2
+        g = kiln.compile(f, dynamic=True)
+        for n in (3, 17):
+            x = torch.randn(5, n)
+            torch.testing.assert_close(g(x), f(x))
+        s = kiln.stats()
+        print("compiled", s.graphs_compiled, "cached", s.graphs_from_cache, "family", s.graphs_symbolic)
+    """)
+    env = {**os.environ, "TORCH_LOGS": "recompiles", "KILN_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                           timeout=300) for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert "kiln: one program for the shape family" in run.stderr, run.stderr[-2000:]
+    assert "compiled 1 cached 0 family 1" in runs[0].stdout, runs[0].stdout
+    assert "compiled 1 cached 1 family 1" in runs[1].stdout, runs[1].stdout
