@@ -156,10 +156,12 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
         from kiln.runtime.graph_cache import compile_cached
 
         eager = cost.eager_before_passes(gm, device)  # the passes rewrite gm
-        with sizes.family(env):
+        with sizes.family(env), errors.held() as records:  # told only if the family compiles
             fn, report = compile_cached(gm, example_inputs, options, target, get_backend(target, options))
     except Exception as e:  # noqa: BLE001 - whatever needs a number compiles per shape
         raise FamilyFailed(f"{type(e).__name__}: {e}") from e
+    for r in records:
+        errors.record(r)
     added = len(env.guards) - guards
     if added:
         counters.sizes_specialized(added)

@@ -271,6 +271,8 @@ def _lower_call(
                 return tuple(_check(r, v, b) for r, v in zip(result, val))
             return result
         except (Unsupported, GraphGrowthLimit) as e:
+            if shape_env() is not None:  # a family's lowering declined: per shape, where it may not
+                raise NeedsNumber(f"{name}: {e}") from e
             reason = str(e)
         except Exception as e:  # a lowering bug must not break the user's program
             if isinstance(e, NeedsNumber) or shape_env() is not None:  # the graph compiles per shape
