@@ -2,6 +2,7 @@
 
     torch.compile(model, backend="kiln")      # after `pip install`
     kiln.compile(model, fullgraph=False, dynamic=None, mode="default")
+    kiln.compile(model, check=True)           # first call: every kernel held against float64
     kiln.export(model, example_args, "model.kiln"); kiln.load("model.kiln")(*args)
 """
 
@@ -12,9 +13,11 @@ from typing import Any, Callable
 
 import torch
 
+from kiln import logs
 from kiln.options import Options
 
 __version__ = "0.1.0"
+logs.configure()  # KILN_LOGS, and TORCH_LOGS's names for kiln's topics
 __all__ = ["compile", "jit", "explain", "export", "load", "stats", "reset_stats", "Options", "__version__"]
 
 

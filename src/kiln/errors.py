@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kiln import counters
 
-log = logging.getLogger("kiln")
+log = logging.getLogger("kiln.fallbacks")  # kiln/logs.py's topic
 
 # by design:   kiln leaves it to ATen on purpose (e.g. integer interpolation, scans)
 # unsupported: kiln has no lowering, or the inputs are of a kind it does not compile

@@ -23,12 +23,15 @@ class Options:
         time).
     mode: "default", "reduce-overhead" (CUDA graphs where possible) or "max-autotune".
     target: code generator: "auto" (C++ for CPU tensors), "cpp" or "triton".
+    check: check numerics at each graph's first call: every kernel against its tensor-IR ops
+        evaluated in float64 (docs/numerics_check.md); checked graphs skip the graph cache.
     """
 
     fullgraph: bool = False
     dynamic: bool | None = None
     mode: str = "default"
     target: str = "auto"
+    check: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.fullgraph, bool):
@@ -39,6 +42,8 @@ class Options:
             raise ValueError(f"kiln option mode must be one of {MODES}, got {self.mode!r}")
         if self.target not in TARGETS:
             raise ValueError(f"kiln option target must be one of {TARGETS}, got {self.target!r}")
+        if not isinstance(self.check, bool):
+            raise TypeError(f"kiln option check must be a bool, got {self.check!r}")
 
     def cache_key(self) -> dict[str, str]:
         """The fields that change generated code, as named key components. fullgraph and
@@ -53,6 +58,8 @@ class Options:
             raise TypeError(f"unknown kiln option(s) {unknown}; known options: {sorted(known)}")
         if "target" not in kwargs and env_target():
             kwargs["target"] = env_target()
+        if "check" not in kwargs and env_check():
+            kwargs["check"] = True
         return cls(**kwargs)
 
 
@@ -61,7 +68,7 @@ CODE_OPTIONS = ("mode", "target")
 
 # The options torch.compile(model, backend="kiln", mode=..., options={...}) hands to kiln; its
 # own fullgraph= and dynamic= act in Dynamo, before kiln, so they are not kiln's to take here.
-BACKEND_OPTIONS = ("mode", "target")
+BACKEND_OPTIONS = ("mode", "target", "check")
 
 
 def backend_options(mode: str | None = None, options: dict | None = None) -> Options:
@@ -93,6 +100,11 @@ def env_target() -> str | None:
     return value
 
 
+def env_check() -> bool:
+    """KILN_CHECK=1 checks every compiled graph's numerics at its first call (Options.check)."""
+    return os.environ.get("KILN_CHECK", "") not in ("", "0")
+
+
 def env_debug() -> bool:
     return os.environ.get("KILN_DEBUG", "") not in ("", "0")
 
@@ -107,3 +119,8 @@ def env_graph_cache() -> bool:
     """KILN_GRAPH_CACHE=0 compiles every graph, neither loading nor storing whole graphs
     (kernels are still cached)."""
     return os.environ.get("KILN_GRAPH_CACHE", "1") not in ("0", "")
+
+
+def env_logs() -> str:
+    """KILN_LOGS: the log topics to show (kiln/logs.py), e.g. "passes,+fusion,-fallbacks"."""
+    return os.environ.get("KILN_LOGS", "")

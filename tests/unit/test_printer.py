@@ -63,7 +63,7 @@ def test_kernel_ir_of_an_element_wise_kernel():
     _, kernels = plan(lambda x, y: torch.relu(x + y), torch.randn(4, 8), torch.randn(4, 8))
     (kernel,) = kernels
     assert kernel_str(kernel) == golden("""
-        kernel kernel0(in0: f32, in1: f32, out out0: f32)
+        kernel kiln_add_maximum_0(in0: f32, in1: f32, out out0: f32)
           outer: x0 < 4, x1 < 8
           stage 0 (loop):
             t1 = load in0[8 * x0 + x1]
@@ -80,7 +80,7 @@ def test_kernel_ir_of_a_row_reduction_names_its_stages():
     (kernel,) = kernels
     text = kernel_str(kernel)
     assert text.startswith(golden("""
-        kernel kernel0(in0: f32, out out0: f32)
+        kernel kiln_sum_0(in0: f32, out out0: f32)
           outer: x0 < 4
           reduce: r0 < 8
     """))

@@ -37,7 +37,7 @@ from kiln.ir.host import (
 )
 from kiln.ir.sizes import is_symbolic, symbols
 from kiln.passes.layout import same_strides
-from kiln.runtime import host_ops
+from kiln.runtime import host_ops, profiling
 
 
 class _Emitter:
@@ -224,11 +224,16 @@ _RENDER = {
 
 
 def generate(program: HostProgram, launchers: Mapping[str, Callable] | None = None,
-             check_inputs: bool = False) -> tuple[str, dict[str, Any]]:
+             check_inputs: bool = False, profiled: Callable | None = None) -> tuple[str, dict[str, Any]]:
     """The source of call(args) and its globals. Launchers by kernel name (None: left unbound,
     for showing the source). check_inputs: check each input against the program's InputSpecs
-    first (for a program run without guards of its own, as Dynamo's are)."""
+    first (for a program run without guards of its own, as Dynamo's are). profiled: the call
+    to run instead while torch's profiler runs (runtime/profiling.py)."""
     e = _Emitter(program)
+    if profiled is not None:
+        e.helper("autograd_profiler", profiling.autograd_profiler)
+        e.helper("profiled_call", profiled)
+        e.emit("if autograd_profiler._is_profiler_enabled: return profiled_call(args)")
     names = [f"arg{k}" for k in range(program.num_args)]
     if check_inputs:
         e.helper("check_arg_count", host_ops.check_arg_count)
@@ -268,6 +273,11 @@ def load_with_source(program: HostProgram, launchers: Mapping[str, Callable],
     missing = sorted({ins.kernel for ins in program.body if isinstance(ins, Launch)} - set(launchers))
     if missing:
         raise ValueError(f"kiln: no launcher for kernels {missing} of the host program")
-    source, scope = generate(program, launchers, check_inputs)
+    def with_ranges() -> Callable[[list], list]:
+        source, scope = generate(program, profiling.ranged(launchers), check_inputs)
+        exec(compile(source, "<kiln host program, profiled>", "exec"), scope)
+        return scope["call"]
+
+    source, scope = generate(program, launchers, check_inputs, profiling.LazyProfiled(with_ranges))
     exec(compile(source, "<kiln host program>", "exec"), scope)
     return scope["call"], source

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from kiln.frontend.origin import keep_origin
 from kiln.ir.sizes import hint
 
 aten = torch.ops.aten
@@ -38,6 +39,8 @@ def split_launch_bound_addmm(gm: fx.GraphModule) -> int:
             mm.meta["val"] = aten.mm.default(a.meta["val"], b.meta["val"])
             add = gm.graph.call_function(aten.add.Tensor, (mm, bias))
             add.meta["val"] = n.meta["val"]
+        keep_origin(mm, n)
+        keep_origin(add, n)
         n.replace_all_uses_with(add)
         gm.graph.erase_node(n)
         count += 1

@@ -8,12 +8,11 @@ in the written-out form and may differ in a fused kernel).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.fx as fx
 
 from kiln.frontend.effects import has_side_effects
+from kiln.frontend.origin import keep_origin
 
 aten = torch.ops.aten
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.expand.default, aten.clone.default)
@@ -150,14 +149,15 @@ def rewrite_attention(gm: fx.GraphModule) -> int:
             continue
         q, k, v, scale, is_causal = found
         qv = q.meta["val"]
-        if scale is None:
-            scale = 1.0 / math.sqrt(qv.shape[-1])
+        if scale is None:  # no scale written: SDPA's default 1/sqrt(d) must not apply
+            scale = 1.0
         with gm.graph.inserting_before(node):
             fused = gm.graph.call_function(aten.scaled_dot_product_attention.default, (q, k, v),
                                            {"is_causal": is_causal, "scale": scale})
         with qv.fake_mode:
             fused.meta["val"] = aten.scaled_dot_product_attention.default(
                 qv, k.meta["val"], v.meta["val"], is_causal=is_causal, scale=scale)
+        keep_origin(fused, node)
         node.replace_all_uses_with(fused)
         count += 1
     if count:

@@ -15,10 +15,12 @@ from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
-from kiln import counters, errors
+from kiln import counters, errors, logs
 from kiln.codegen.backends import get_backend, resolve_target, target_problem
+from kiln.frontend.attention_captured import rewrite_captured_attention
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
+from kiln.frontend.linear_xent import rewrite_linear_cross_entropy
 from kiln.frontend.partition import PartitionSummary, partition
 from kiln.ir import sizes
 from kiln.ir.checks import RAISED_AS_EAGER
@@ -26,8 +28,8 @@ from kiln.lower.core import Unsupported
 from kiln.options import Options, backend_options, env_debug, env_symbolic
 
 log = logging.getLogger("kiln")
-# kiln's compiles per shape show with Dynamo's own under TORCH_LOGS=recompiles
-recompiles_log = torch._logging.getArtifactLogger("torch._dynamo.backends.kiln", "recompiles")
+# kiln's compiles per shape: KILN_LOGS=recompiles, or with Dynamo's own under TORCH_LOGS=recompiles
+recompiles_log = logs.recompiles
 
 
 class ReportLog:
@@ -94,8 +96,10 @@ def _unsupported_reason(example_inputs: list[Any], target: str, family: bool = F
 
 
 def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: Options,
-                       partition_summary: PartitionSummary | None = None) -> Callable:
-    """Compile one ATen graph; on any failure, return the graph itself (runs in ATen)."""
+                       partition_summary: PartitionSummary | None = None,
+                       captured_decisions: list | None = None) -> Callable:
+    """Compile one ATen graph; on any failure, return the graph itself (runs in ATen).
+    captured_decisions: what the rewrites of Dynamo's graph decided, for the report."""
     device = graph_device(example_inputs)
     target = resolve_target(options.target, device)
     reason = _unsupported_reason(example_inputs, target)
@@ -106,8 +110,12 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
             from kiln.runtime.graph_cache import compile_cached
 
             eager = cost.eager_before_passes(gm, device)  # the passes rewrite gm
-            fn, report = compile_cached(gm, example_inputs, options, target, get_backend(target, options))
+            compile_fn = compile_cached
+            if options.check:  # its first call checks every kernel's numerics
+                from kiln.tools.check import compile_checked as compile_fn
+            fn, report = compile_fn(gm, example_inputs, options, target, get_backend(target, options))
             report.partition, report.cost = partition_summary, cost.after_compile(report, eager)
+            report.decisions = list(captured_decisions or ()) + report.decisions
             REPORTS.append(report)
             counters.graph_compiled(len(report.kernels), report.cache_hits, bool(report.from_cache))
             fn._boxed_call = True
@@ -133,7 +141,7 @@ class FamilyFailed(Exception):
 
 def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options: Options,
                          partition_summary: PartitionSummary | None = None,
-                         backward: bool = False) -> Callable:
+                         captured_decisions: list | None = None, backward: bool = False) -> Callable:
     """Compile one ATen graph with symbolic sizes once for its shape family, or raise
     FamilyFailed. Guards on sizes kiln's compile adds are counted (each specializes the
     family); a backward is compiled after Dynamo built its guards, so there one is a failure."""
@@ -147,6 +155,8 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
     target = resolve_target(options.target, device)
     if target != "cpp":
         raise FamilyFailed(f"the {target} renderer compiles per shape")
+    if getattr(options, "check", False):  # the numerics check compares kernels at concrete sizes
+        raise FamilyFailed("the numerics check compiles per shape")
     reason = _unsupported_reason(example_inputs, target, family=True)
     if reason is not None:
         raise FamilyFailed(reason)
@@ -169,6 +179,7 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
         if backward:
             raise FamilyFailed("compiling the backward specialized a size")
     report.partition, report.cost = partition_summary, cost.after_compile(report, eager)
+    report.decisions = list(captured_decisions or ()) + report.decisions
     REPORTS.append(report)
     counters.graph_compiled(len(report.kernels), report.cache_hits, bool(report.from_cache))
     counters.graph_symbolic()
@@ -263,7 +274,7 @@ class _PerShape:
             else:
                 variants = counters.shape_variant(self.number)
                 shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
-                recompiles_log.debug("kiln: symbolic graph %d compiled for shapes %s (program %d of at most "
+                recompiles_log.info("kiln: symbolic graph %d compiled for shapes %s (program %d of at most "
                                      "%d)", self.number, shapes, variants, self.SHAPE_LIMIT)
                 fn = self.compiled[key] = _or_aten(self.gm, _compile_shape, self.gm, args, self.options)
         return fn(*args)
@@ -487,11 +498,13 @@ def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: O
     """AOTAutograd with kiln's decompositions, kiln on the forward and backward graphs
     (family: graphs with symbolic sizes, compiled once for their shape family)."""
     splits: list[PartitionSummary] = []  # one when AOTAutograd splits a training graph
+    # rewrites of Dynamo's graph, before tracing: their backward is part of what they choose
+    captured = rewrite_captured_attention(gm) + rewrite_linear_cross_entropy(gm)
 
     def fw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
         if family:
-            return compile_family_graph(g, inputs, options, splits[-1] if splits else None)
-        return compile_aten_graph(g, inputs, options, splits[-1] if splits else None)
+            return compile_family_graph(g, inputs, options, splits[-1] if splits else None, captured)
+        return compile_aten_graph(g, inputs, options, splits[-1] if splits else None, captured)
 
     @torch.compiler.disable  # compiled at the first backward, maybe inside a compiled function
     def bw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:

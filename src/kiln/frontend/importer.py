@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln import errors
 from kiln.frontend.effects import has_side_effects
+from kiln.frontend.origin import origin_of
 from kiln.ir.sizes import NeedsNumber, as_size, shape_env, size_call
 from kiln.ir.tensor import ArgRef, Builder, Graph, GraphGrowthLimit, Layout, Node, Op
 from kiln.lower.context import LowerCtx
@@ -105,6 +106,7 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
     position = 0
     size_inputs: list = []
     for n in gm.graph.nodes:
+        b.origin = origin_of(n.meta) if n.op == "call_function" else None  # stamped on n's nodes
         if n.op == "placeholder":
             ex = example_inputs[position]
             if isinstance(ex, torch.Tensor):

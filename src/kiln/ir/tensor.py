@@ -186,6 +186,9 @@ class Builder:
         self._seen: dict[tuple, Node] = {}
         self.node_limit: int | None = None
         self.budget_start = 0
+        # model code being lowered or rewritten: stamped as meta["origin"] on new nodes made
+        # without one; a node rebuilt with an origin sets it for the rewrites that follow
+        self.origin: Any = None
 
     def make(
         self,
@@ -209,7 +212,12 @@ class Builder:
         if self.node_limit is not None and len(self.nodes) >= self.node_limit:
             raise GraphGrowthLimit(f"the lowering made more than {self.node_limit - self.budget_start} "
                                    f"nodes: it would unroll work proportional to a tensor's size")
-        node = Node(len(self.nodes), op, tuple(inputs), attrs, shape, dtype, meta or {})
+        meta = meta or {}
+        if "origin" in meta:
+            self.origin = meta["origin"]
+        elif self.origin is not None:
+            meta = {**meta, "origin": self.origin}
+        node = Node(len(self.nodes), op, tuple(inputs), attrs, shape, dtype, meta)
         self.nodes.append(node)
         if pure:
             self._seen[key] = node

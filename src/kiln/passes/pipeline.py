@@ -35,11 +35,13 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
+from kiln import logs
 from kiln.codegen import host as host_codegen
 from kiln.codegen.backends import Backend
 from kiln.frontend.addmm import split_launch_bound_addmm
 from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
+from kiln.ir.checks import ERROR_PARAM
 from kiln.ir.host import HostProgram
 from kiln.ir.kernel import Kernel, kernel_str, size_params
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op
@@ -50,6 +52,13 @@ from kiln.passes.layout import LayoutChoice, Layouts
 from kiln.passes.memory import plan_memory
 from kiln.passes.overlap import overlap_communication
 from kiln.passes.simplify import all_rules, simplify
+from kiln.passes.source_map import (
+    build_source_map,
+    container_modules,
+    kernel_name,
+    kernel_nodes,
+    node_origins,
+)
 from kiln.passes.split_reductions import split_reductions
 
 
@@ -77,6 +86,10 @@ class CompileReport:
     cost: Any = None  # passes/cost.py's GraphCost, against eager's ops (set by the frontend)
     program: Any = None  # a weak reference to the loaded call (explain times its launches)
     from_cache: str = ""  # the graph cache entry the program was loaded from; "" when compiled
+    source_map: dict = field(default_factory=dict)  # kernel or ATen call -> passes/source_map.py's entry
+    node_origins: dict = field(default_factory=dict)  # node id -> model code (decisions name nodes by id)
+    launches: LaunchGraphs | None = None  # kept for the numerics check (compile_graph's check=True)
+    numerics: Any = None  # tools/check.py's NumericsReport, once a checked first call ran
     family: str = ""  # a program of a shape family: each size symbol, where it is read, its traced value
 
     @property
@@ -88,16 +101,31 @@ class CompileReport:
         return sum(p.seconds for p in self.passes)
 
 
+@dataclass
+class LaunchGraphs:
+    """What each launch of a program computes, in tensor IR: the numerics check
+    (tools/check.py) evaluates it from the launch's own buffers and compares."""
+
+    graph: Graph
+    buffer_names: dict[Node, str]
+    roots: dict[tuple[str, tuple[str, ...]], list[Node]]  # (kernel, launch args) -> nodes it stores
+    launchers: dict[str, Callable]
+    backend: Backend
+
+
 class _Timer:
     def __init__(self, report: CompileReport, name: str):
         self.report, self.name, self.summary = report, name, ""
 
     def __enter__(self):
+        logs.step(self.name)
         self.t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
-        self.report.passes.append(PassRecord(self.name, time.perf_counter() - self.t0, self.summary))
+        record = PassRecord(self.name, time.perf_counter() - self.t0, self.summary)
+        self.report.passes.append(record)
+        logs.passes.info("%-15s %8.1f ms  %s", record.name, record.seconds * 1e3, record.summary)
 
 
 def buffer_names_for(graph: Graph, stored) -> dict[Node, str]:
@@ -109,7 +137,17 @@ def buffer_names_for(graph: Graph, stored) -> dict[Node, str]:
 
 
 def compile_graph(
-    gm: fx.GraphModule, example_inputs: list[Any], backend: Backend
+    gm: fx.GraphModule, example_inputs: list[Any], backend: Backend, check: bool = False
+) -> tuple[Callable, CompileReport]:
+    """check: also keep what each launch computes (report.launches), for the numerics check."""
+    with logs.Progress(f"compiling a graph of {len(gm.graph.nodes)} FX nodes"):
+        call, report = _compile_graph(gm, example_inputs, backend, check)
+    _log_compiled(report)
+    return call, report
+
+
+def _compile_graph(
+    gm: fx.GraphModule, example_inputs: list[Any], backend: Backend, check: bool
 ) -> tuple[Callable, CompileReport]:
     report = CompileReport(backend=backend.name)
     with _Timer(report, "attention") as t:
@@ -120,14 +158,17 @@ def compile_graph(
     with _Timer(report, "import") as t:
         graph, report.fallbacks = import_graph(gm, example_inputs, backend.unsupported_fns)
         t.summary = f"{len(graph.nodes)} nodes, {len(report.fallbacks)} op kinds run in ATen"
+    logs.debug_text(logs.passes, "tensor graph after import", lambda: str(graph))
     with _Timer(report, "simplify") as t:
         before = len(graph.nodes)
         graph, fired = simplify(graph, all_rules())
         fired_text = ", ".join(f"{k} x{v}" for k, v in sorted(fired.items()))
         t.summary = f"{before} -> {len(graph.nodes)} nodes" + (f"; {fired_text}" if fired_text else "")
+    logs.debug_text(logs.passes, "tensor graph after simplify", lambda: str(graph))
     with _Timer(report, "split") as t:
         graph, split = split_reductions(graph, backend.busy_programs, backend.column_block)
         t.summary = f"{split} reductions split across programs"
+    logs.debug_text(logs.passes, "tensor graph after split", lambda: str(graph))
     report.graph_text = str(graph)
     layouts = Layouts(graph)
     with _Timer(report, "store") as t:
@@ -144,6 +185,8 @@ def compile_graph(
                           if n in sched.stored and n.op not in MATERIALIZED]
         report.decisions = sched.decisions
         report.kernels = list({k.name: k for k in kernels.values()}.values())  # distinct kernels
+        report.source_map = build_source_map(sched.steps, sched.stored, kernels, names)
+        report.node_origins = node_origins(graph)
         externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
         t.summary = f"{len(kernels)} kernels, {externs} ATen calls"
     with _Timer(report, "overlap") as t:
@@ -168,8 +211,37 @@ def compile_graph(
         by_name = {kern.name: launch for kern, launch in zip(kern_list, launchers)}
         call, report.host_source = host_codegen.load_with_source(host, by_name)
         report.program = weakref.ref(call)
+        if check:
+            report.launches = LaunchGraphs(graph, names, _launch_roots(sched, kernels), by_name, backend)
         t.summary = f"{len(launchers) - report.cache_hits} compiled, {report.cache_hits} from cache"
     return call, report
+
+
+def _launch_roots(sched: Schedule, kernels: dict[int, Kernel]) -> dict[tuple, list[Node]]:
+    """Each launch's key in the host program (kernel name, buffers) -> the nodes it stores."""
+    return {(kern.name, tuple(a for a in kern.args if a != ERROR_PARAM)): list(step.roots)
+            for step in sched.steps if (kern := kernels.get(id(step))) is not None}
+
+
+def _log_compiled(report: CompileReport) -> None:
+    """What the later passes made, for the topics that show it at debug level."""
+    from kiln.tools.explain import decision_lines
+
+    externs = len([e for e in report.source_map.values() if e.kind == "aten"])
+    verdicts = ", ".join(f"{v} {sum(d.verdict == v for d in report.decisions)}"
+                         for v in sorted({d.verdict for d in report.decisions}))
+    logs.fusion.info("%d kernels, %d ATen calls; decisions: %s", report.num_kernels, externs,
+                     verdicts or "none")
+    logs.debug_text(logs.fusion, "decisions", lambda: "\n".join(decision_lines(report.decisions,
+                                                                               report.node_origins)))
+    logs.debug_text(logs.passes, "kernel IR after kernelize",
+                    lambda: "\n\n".join(kernel_str(k) for k in report.kernels))
+    logs.debug_text(logs.passes, "host program after memory", lambda: str(report.host_program))
+    logs.kernels.info("%d kernels: %s", report.num_kernels, ", ".join(k.name for k in report.kernels))
+    for name, source in report.sources.items():
+        logs.debug_text(logs.kernels, f"source of {name}", lambda source=source: source)
+    logs.cache.info("kernels: %d compiled, %d from the kernel cache", report.num_kernels - report.cache_hits,
+                    report.cache_hits)
 
 
 def _fuse_and_kernelize(
@@ -185,7 +257,7 @@ def _fuse_and_kernelize(
                     kernels[id(step)] = emit_kernel(
                         "kernel", step, names, layouts, backend.row_scratch_limit, backend.keep_loaded_rows
                     )
-            return sched, _name_by_content(kernels)
+            return sched, _name_by_content(kernels, sched)
         except FusionMismatch as e:
             if e.node in sched.stored:  # storing it again would change nothing
                 raise RuntimeError(f"kernelize: {e.reason}") from e
@@ -193,13 +265,16 @@ def _fuse_and_kernelize(
             stored[e.node] = e.reason
 
 
-def _name_by_content(kernels: dict[int, Kernel]) -> dict[int, Kernel]:
-    """kernel0, kernel1, ... in order of first appearance; kernels with the same text
+def _name_by_content(kernels: dict[int, Kernel], sched: Schedule) -> dict[int, Kernel]:
+    """kiln_<what it fuses>_0, _1, ... in order of first appearance; kernels with the same text
     (the same computation on other buffers) share a name and are built once."""
     names: dict[str, str] = {}
+    plans, containers = {id(step): step for step in sched.steps}, container_modules(sched.graph)
     out = {}
     for key, kern in kernels.items():
-        text = kernel_str(size_params(kern))  # the shape family's symbols as ks0, ks1, ...
-        name = names.setdefault(text, f"kernel{len(names)}")
+        text = kernel_str(size_params(kern))  # the shape family's symbols as ks0, ...
+        if text not in names:
+            names[text] = kernel_name(kernel_nodes(plans[key].roots, sched.stored), len(names), containers)
+        name = names[text]
         out[key] = dataclasses.replace(kern, name=name)
     return out

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from kiln import logs
 from kiln.runtime.cache import write_atomic
 
 Config = tuple[int, int, int]  # XBLOCK, RBLOCK, num_warps
@@ -181,6 +182,8 @@ class TunedLauncher:
             end.synchronize()
             timings[config] = start.elapsed_time(end)
         best = min(timings, key=timings.get)
+        logs.autotune.info("%s: chose %s of %s", self.record.stem, best,
+                           ", ".join(f"{c}: {t / 5 * 1e3:.1f} us" for c, t in timings.items()))
         write_atomic(
             self.record, json.dumps({"config": list(best), "ms": {str(c): t / 5 for c, t in timings.items()}})
         )

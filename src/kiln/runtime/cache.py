@@ -386,6 +386,7 @@ def journal(event: str, e: Entry, reason: str = "") -> None:
             "file": e.path.name}
     if reason:
         line["reason"] = reason
+    log.info("%s %s %s%s", event, e.kind, e.path.name, f" ({reason})" if reason else "")  # KILN_LOGS=cache
     try:
         fd = os.open(e.path.parent.parent / JOURNAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

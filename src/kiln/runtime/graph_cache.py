@@ -214,7 +214,8 @@ def _store(e: cache.Entry, key: GraphKey, report, made: list[errors.Fallback]) -
         constants = constants_blob(report.host_program)
         snapshot = pickle.dumps({
             "kernels": report.kernels, "sources": report.sources, "decisions": report.decisions,
-            "fallbacks": report.fallbacks, "graph_text": report.graph_text,
+            "fallbacks": report.fallbacks, "graph_text": report.graph_text, "source_map": report.source_map,
+            "node_origins": report.node_origins,
             "fallback records": [dataclasses.astuple(f) for f in made],
             "passes": [(p.name, p.seconds, p.summary) for p in report.passes],
         }, protocol=pickle.HIGHEST_PROTOCOL)
@@ -249,7 +250,9 @@ def _load(folder: Path, backend, t0: float) -> tuple[Callable, Any]:
     report = CompileReport(backend=backend.name, graph_text=snapshot["graph_text"],
                            decisions=snapshot["decisions"], fallbacks=snapshot["fallbacks"], kernels=kernels,
                            sources=snapshot["sources"], host_program=host, host_source=host_source,
-                           cache_hits=hits, from_cache=folder.name, program=weakref.ref(call))
+                           cache_hits=hits, from_cache=folder.name, program=weakref.ref(call),
+                           source_map=snapshot.get("source_map", {}),
+                           node_origins=snapshot.get("node_origins", {}))
     for record in snapshot["fallback records"]:  # what runs in ATen, told as a compile tells it
         errors.record(errors.Fallback(*record))
     compiled = sum(seconds for _, seconds, _ in snapshot["passes"])

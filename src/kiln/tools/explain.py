@@ -5,6 +5,7 @@ break-even), whose str() is the text."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -12,11 +13,13 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.frontend.origin import Origin
 from kiln.ir.host import HostProgram
 from kiln.ir.kernel import Kernel, kernel_str
 from kiln.passes.cost import BreakEven, Ceilings, Cost, GraphCost, break_even
 from kiln.passes.fusion import Decision
 from kiln.passes.pipeline import CompileReport, PassRecord
+from kiln.passes.source_map import SourceEntry, short_op
 
 
 def kernel_summary(k) -> str:
@@ -50,9 +53,22 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
-def decision_lines(decisions: list[Decision]) -> list[str]:
-    """One line per decision; views passed without a copy fold into one line."""
-    lines = [f"  {d.verdict:<7} {d.node}: {d.reason}" for d in decisions if d.verdict != "alias"]
+def decision_origin(d: Decision, origins: dict[int, Origin]) -> Origin | None:
+    """The model code a decision is about (decisions name their node "%<id> ...")."""
+    match = re.match(r"%(\d+)", d.node)
+    return origins.get(int(match.group(1))) if match else None
+
+
+def decision_lines(decisions: list[Decision], origins: dict[int, Origin] | None = None) -> list[str]:
+    """One line per decision, with the model code it is about; views passed without a copy
+    fold into one line."""
+    lines = []
+    for d in decisions:
+        if d.verdict == "alias":
+            continue
+        origin = decision_origin(d, origins or {})
+        where = f" [{origin.short()}]" if origin is not None and origin.short() else ""
+        lines.append(f"  {d.verdict:<7} {d.node}{where}: {d.reason}")
     aliases = sum(1 for d in decisions if d.verdict == "alias")
     if aliases:
         lines.append(f"  alias: {aliases} view{'s' if aliases > 1 else ''} passed without copy")
@@ -70,9 +86,17 @@ def report_text(report: CompileReport, show_kernels: bool = False, show_source: 
     lines.append(f"kernels: {report.num_kernels}")
     for k in report.kernels:
         lines.append(f"  {kernel_summary(k)}")
+        if k.name in report.source_map:
+            lines.extend(report.source_map[k.name].lines())
+    aten_calls = [e for e in report.source_map.values() if e.kind == "aten"]
+    if aten_calls:
+        lines.append(f"ATen calls: {len(aten_calls)}")
+        for e in aten_calls:
+            lines.append(f"  {e.name} = {', '.join(short_op(op) for op in e.ops) or 'ATen call'}")
+            lines.extend(e.lines())
     verdicts = Counter(d.verdict for d in report.decisions)
     lines.append("decisions: " + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items())))
-    lines.extend(decision_lines(report.decisions))
+    lines.extend(decision_lines(report.decisions, report.node_origins))
     reordered = [c for c in report.layouts if c.name != "contiguous"]
     if reordered:  # buffers in logical order are the rule; the others say why
         contiguous = len(report.layouts) - len(reordered)
@@ -102,6 +126,16 @@ class KernelCost:
     cost: Cost | None
     launches: int = 1  # per call of the program
     measured_s: float | None = None
+    source: SourceEntry | None = None  # the model code it computes
+
+    @property
+    def model_code(self) -> str:
+        """The model code it came from, in one short line ("" if unknown)."""
+        if self.source is None or not self.source.sites:
+            return ""
+        first = self.source.sites[0].origin.short()
+        more = len(self.source.sites) - 1
+        return first + (f" (+{more} more)" if more else "")
 
     @property
     def name(self) -> str:
@@ -156,6 +190,19 @@ class GraphExplanation:
         return self.report.host_program
 
     @property
+    def source_map(self) -> dict[str, SourceEntry]:
+        """Kernel name or ATen call's buffer -> the ops it computes and their model code."""
+        return self.report.source_map
+
+    @property
+    def aten_calls(self) -> list[SourceEntry]:
+        return [e for e in self.report.source_map.values() if e.kind == "aten"]
+
+    def decision_code(self) -> list[tuple[Decision, Origin | None]]:
+        """Each decision with the model code it is about."""
+        return [(d, decision_origin(d, self.report.node_origins)) for d in self.report.decisions]
+
+    @property
     def compile_s(self) -> float:
         return self.report.seconds
 
@@ -196,6 +243,35 @@ class Explanation:
     compiled_s: float | None = None  # measured, per call
     break_even: BreakEven | None = None
     ceilings: Ceilings | None = None
+
+    @property
+    def kernels(self) -> list[KernelCost]:
+        """Every graph's kernels, with their costs and model code."""
+        return [k for g in self.graphs for k in g.kernels]
+
+    @property
+    def decisions(self) -> list[Decision]:
+        return [d for g in self.graphs for d in g.decisions]
+
+    @property
+    def fallbacks(self) -> dict[str, str]:
+        """ATen op -> why it runs in ATen, over every graph."""
+        return {op: why for g in self.graphs for op, why in g.fallbacks.items()}
+
+    @property
+    def source_map(self) -> dict[str, SourceEntry]:
+        """Kernel name or ATen call's buffer -> its model code, over every graph ("g1:buf3"
+        from the second graph on, where names repeat across graphs)."""
+        out: dict[str, SourceEntry] = {}
+        for i, g in enumerate(self.graphs):
+            out.update({(name if i == 0 else f"g{i}:{name}"): e for name, e in g.source_map.items()})
+        return out
+
+    def save_html(self, path, title: str = "kiln report"):
+        """Write one self-contained HTML page (tools/report_html.py); returns its path."""
+        from kiln.tools.report_html import save_html
+
+        return save_html(self, path, title)
 
     def __contains__(self, text: str) -> bool:
         """`"kernel0" in kiln.explain(...)` reads the text, as when explain returned it."""
@@ -327,7 +403,8 @@ def explained_graph(report: CompileReport, show_kernels: bool = True, show_sourc
     first_launch = {}  # a kernel's cost at its first launch (which may write new memory)
     for c in cost.kernels if cost else ():
         first_launch.setdefault(c.name, c)
-    kernels = [KernelCost(k, first_launch.get(k.name), launches.get(k.name, 1)) for k in report.kernels]
+    kernels = [KernelCost(k, first_launch.get(k.name), launches.get(k.name, 1),
+                          source=report.source_map.get(k.name)) for k in report.kernels]
     be = break_even(report.seconds, cost.eager_seconds, cost.seconds, False) if cost and cost.eager else None
     return GraphExplanation(report, kernels, cost, be, None, show_kernels, show_source)
 
