@@ -55,8 +55,8 @@ def _cpu_peak(step) -> int:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    events = [(e.time_range.start, e.cpu_memory_usage) for e in prof.events()
-              if e.name == "[memory]" and e.cpu_memory_usage]
+    events = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
     running = peak = 0
     for _, delta in sorted(events, key=lambda e: e[0]):
         running += delta
@@ -127,7 +127,16 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dtype", default="", help="autocast dtype (default: bfloat16 on CUDA, none on CPU)")
     parser.add_argument("--explain", action="store_true", help="print kiln's analysis of the peak")
+    parser.add_argument("--no-arena", action="store_true",
+                        help="plan kiln's temporaries as on CUDA (slots in the first temporary's memory, no "
+                             "arena kept across calls), to measure that plan on the CPU")
     args = parser.parse_args()
+    if args.no_arena:
+        import functools
+
+        from kiln.passes import memory, pipeline
+
+        pipeline.plan_memory = functools.partial(memory.plan_memory, arena=False)
     default = torch.bfloat16 if args.device == "cuda" else torch.float32
     dtype = getattr(torch, args.dtype) if args.dtype else default
     print(f"device {args.device}, autocast {dtype}, {'full' if args.full else 'small'} configs")
