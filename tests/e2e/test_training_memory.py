@@ -11,6 +11,7 @@ from kiln.frontend.backend import REPORTS
 from kiln.ir.host import Alloc, Free, HostProgram, InputSpec, Launch, Ref, Return
 from kiln.passes.memory import plan_memory
 from kiln.passes.peak import SAVED, graph_peak, step_peak
+from kiln.tools.report_html import render_html
 from tests.conftest import assert_same
 
 
@@ -72,6 +73,8 @@ def test_explain_prints_the_peak():
     text = str(explanation)
     assert "peak memory" in text and "saved for the backward" in text
     assert explanation.memory.live[0].nbytes == max(b.nbytes for b in explanation.memory.live)
+    html = render_html(explanation)
+    assert "Memory at the peak" in html and explanation.memory.live[0].name in html
 
 
 def _chain_program() -> HostProgram:
