@@ -273,8 +273,17 @@ def _walk_backward(walk: _Walk, program: HostProgram, label: str, report: Any,
     args = {k: mem for k, mem in enumerate(saved) if mem is not None and mem in walk.live}
     for mem in set(args.values()):  # the backward's arguments become their only holders
         walk.holders[mem] = {h for h in walk.holders[mem] if not h.startswith("<returned")}
-    for spec in program.inputs:  # incoming gradients are new memory
+    passed_on = [m for m, b in walk.live.items() if b.role == GRADIENT and b.program != label]
+    for spec in program.inputs:  # incoming gradients: a later graph's backward returned them, or new memory
         if spec.position >= len(saved):
+            nbytes = extent(spec.shape, spec.stride) * spec.dtype.itemsize
+            same = next((m for m in passed_on if walk.live[m].nbytes == nbytes
+                         and walk.live[m].dtype == spec.dtype), None)
+            if same is not None:
+                passed_on.remove(same)
+                walk.holders[same] = set()  # autograd hands it over: the backward's argument holds it
+                args[spec.position] = same
+                continue
             nbytes = extent(spec.shape, spec.stride) * spec.dtype.itemsize
             walk.next_id += 1
             walk.live[walk.next_id] = LiveBuffer(spec.name, label, TANGENT, nbytes, tuple(spec.shape),
