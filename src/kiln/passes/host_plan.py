@@ -5,6 +5,7 @@ memory. Every kernel output gets new memory here; passes/memory.py then frees an
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from typing import Any
@@ -28,14 +29,17 @@ from kiln.ir.host import (
     Ref,
     Restride,
     Return,
+    SizeBinding,
     View,
     canonical,
     is_literal,
     op_name,
 )
-from kiln.ir.kernel import Kernel, kernel_str
+from kiln.ir.kernel import Kernel, kernel_str, size_params
+from kiln.ir.sizes import NeedsNumber, symbols
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.passes.fusion import Alias, KernelPlan, Schedule
+from kiln.passes.in_place import input_updates
 from kiln.passes.layout import is_non_overlapping, same_strides
 
 
@@ -122,7 +126,10 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
     """The host program, before memory planning."""
     graph = schedule.graph
     b = _Builder(schedule, buffer_names, layouts)
-    by_name = {name: node for node, name in buffer_names.items()}
+    # a kernel storing an input's update (passes/in_place.py) names its result as the input
+    by_name = {name: node for node, name in buffer_names.items() if node.op is not Op.INPUT}
+    by_name.update({name: node for node, name in buffer_names.items() if node.op is Op.INPUT})
+    input_names = {name for node, name in buffer_names.items() if node.op is Op.INPUT}
     checks, error_offsets = _error_checks(schedule, kernels)
     reads_by_step = [_step_reads(s, schedule, kernels, by_name) for s in schedule.steps]
     # Kernels and strided views read ATen results with the strides PyTorch's shape functions
@@ -131,12 +138,16 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                       for r in reads}
     layout_checked |= {a.base for a in schedule.aliases.values()}
     launched: dict[str, str] = {}
+    # an input's update left as a copy_ runs after the outputs are taken, as AOTAutograd's did
+    updates = [u.step for u in input_updates(schedule)]
     for step in schedule.steps:
+        if any(step is u for u in updates):
+            continue
         if isinstance(step, KernelPlan):
             kern = kernels[id(step)]
-            for root in step.roots:
+            for root in (r for r in step.roots if buffer_names[r] not in input_names):
                 b.body.append(Alloc(buffer_names[root], root.shape, layouts(root), root.dtype))
-            if kern.outer_numel > 0:  # an empty output needs no kernel
+            if kern.outer_numel != 0:  # an empty output needs no kernel
                 if kern.name not in launched:
                     launched[kern.name] = kernel_digest(kern)
                 args = tuple(a for a in kern.args if a != ERROR_PARAM)
@@ -145,7 +156,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                 start = error_offsets.get(id(step))
                 errors = (start, start + SLOTS_PER_CHECK * len(kern.checks)) if kern.checks else None
                 aligned = not any(_may_be_unaligned(by_name[a]) for a in args)
-                b.body.append(Launch(kern.name, args, writes, errors, aligned))
+                b.body.append(Launch(kern.name, args, writes, errors, aligned, size_params(kern).sizes))
         elif step.op is Op.EXTERN:
             _extern(b, step, step in layout_checked)
         elif step.op is Op.ITEM:
@@ -154,13 +165,38 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             if step in layout_checked:
                 b.body.append(EnsureLayout(name, name, step.shape, layouts(step), step.dtype))
     values = _outputs(b)
+    for step in updates:
+        _extern(b, step, False)
     if checks:
         b.body.append(CheckErrors())
     b.body.append(Return(tuple(values)))
     inputs = tuple(InputSpec(buffer_names[n], n.attrs[0], n.dtype, n.shape, tuple(n.attrs[1]), str(device))
                    for n in graph.nodes if n.op is Op.INPUT and n in buffer_names)
     return HostProgram(str(device), "pointers" if pass_pointers else "tensors", graph.num_inputs, inputs,
-                       tuple(b.body), tuple(launched.items()), (), tuple(checks), b.constants)
+                       tuple(b.body), tuple(launched.items()), (), tuple(checks), b.constants,
+                       _size_bindings(graph, b.body))
+
+
+def _size_bindings(graph, body) -> tuple[SizeBinding, ...]:
+    """Where each size symbol the program computes with is read at a call: an int argument
+    that is the symbol, else a tensor input's size that is it."""
+    used = symbols(*[getattr(ins, f.name) for ins in body for f in dataclasses.fields(ins)])
+    used |= symbols(*[(n.shape, n.attrs[1]) for n in graph.nodes if n.op is Op.INPUT])
+    if not used:
+        return ()
+    found: dict = {}
+    for position, size in getattr(graph, "size_inputs", ()):
+        if size in used:
+            found.setdefault(size, SizeBinding(str(size), position))
+    for n in graph.nodes:
+        if n.op is Op.INPUT:
+            for dim, size in enumerate(n.shape):
+                if size in used:
+                    found.setdefault(size, SizeBinding(str(size), n.attrs[0], dim))
+    missing = used - set(found)
+    if missing:
+        raise NeedsNumber(f"the sizes {sorted(map(str, missing))} are no argument's and no input's size")
+    return tuple(found[s] for s in sorted(found, key=str))
 
 
 def _extern(b: _Builder, step: Node, layout_checked: bool) -> None:

@@ -33,6 +33,7 @@ from kiln.ir.host import (
     reads,
     refs,
 )
+from kiln.ir.sizes import is_symbolic
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,10 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
     returned = _returned(body)
     shared = {root.get(r, r) for ins in body if isinstance(ins, CallAten) and ins.may_alias
               for r in reads(ins)}
-    # reading a view reads the buffer under it: both stay alive
-    reads_at = [{x for r in reads(ins) for x in (r, root.get(r, r))} for ins in body]
+    # reading a view reads the buffer under it: both stay alive; a kernel writing an input
+    # (its update, in place) needs it alive too
+    reads_at = [{x for r in (*reads(ins), *getattr(ins, "writes", ())) for x in (r, root.get(r, r))}
+                for ins in body]
     last_read: dict[str, int] = {}
     for k, names in enumerate(reads_at):
         for name in names:
@@ -120,7 +123,11 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
     out: list[Instr] = []
     pooled = freed = 0
     for k, ins in enumerate(body):
-        if isinstance(ins, Alloc) and ins.slot is None and ins.out not in returned and ins.out not in shared:
+        # the arena is fixed memory across calls: a shape family's temporaries vary, so they
+        # are allocated per call (and freed after their last read)
+        varying = arena and is_symbolic(extent(ins.shape, ins.stride)) if isinstance(ins, Alloc) else False
+        if isinstance(ins, Alloc) and ins.slot is None and ins.out not in returned and ins.out not in shared \
+                and not varying:
             key = Slot(ins.dtype, extent(ins.shape, ins.stride))
             allocs_left[key] -= 1
             if free_slots.get(key):

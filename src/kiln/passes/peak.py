@@ -92,6 +92,19 @@ class PeakMemory:
                           f"{self.step} `{self.instruction}` ({each}); live then:", *parts])
 
 
+def _count(n: Any) -> int | None:
+    """A size as a number; None where it is symbolic (a program of a shape family)."""
+    try:
+        return int(n)
+    except TypeError:
+        return None
+
+
+def _nbytes(shape, stride, dtype) -> int | None:
+    n = _count(extent(shape, stride))
+    return None if n is None else n * dtype.itemsize
+
+
 def _bytes(n: float) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
@@ -168,15 +181,15 @@ def _walk_program(walk: _Walk, program: HostProgram, label: str, report: Any, la
         if name not in layouts:
             return None, None, None
         dtype, shape = layouts[name]
-        n = 1
-        for s in shape:
-            n *= s
-        return dtype, tuple(shape), n * dtype.itemsize
+        numel = 1
+        for size in shape:
+            numel *= size
+        n = _count(numel)
+        return dtype, tuple(shape), None if n is None else n * dtype.itemsize
 
     for k, ins in enumerate(program.body):
         if isinstance(ins, Alloc) and ins.slot is None:
-            nbytes = extent(ins.shape, ins.stride) * ins.dtype.itemsize
-            add(ins.out, ins.dtype, tuple(ins.shape), nbytes, "", "")
+            add(ins.out, ins.dtype, tuple(ins.shape), _nbytes(ins.shape, ins.stride, ins.dtype), "", "")
         elif isinstance(ins, Alloc):
             walk.mem_of.pop(ins.out, None)  # a view of the arena, counted with it
         elif isinstance(ins, View):
@@ -234,7 +247,7 @@ def _replace(buf: LiveBuffer, **changes: Any) -> LiveBuffer:
 
 def _arena(walk: _Walk, program: HostProgram | None, label: str) -> None:
     if program is not None and program.arena:
-        nbytes = sum(s.extent * s.dtype.itemsize for s in program.arena)
+        nbytes = sum((_count(s.extent) or 0) * s.dtype.itemsize for s in program.arena)
         why = f"{len(program.arena)} slots of temporaries, kept across calls"
         walk.new(f"{label} arena", LiveBuffer(f"{label} arena", label, ARENA, nbytes, None, None, "", why))
 
@@ -276,7 +289,7 @@ def _walk_backward(walk: _Walk, program: HostProgram, label: str, report: Any,
     passed_on = [m for m, b in walk.live.items() if b.role == GRADIENT and b.program != label]
     for spec in program.inputs:  # incoming gradients: a later graph's backward returned them, or new memory
         if spec.position >= len(saved):
-            nbytes = extent(spec.shape, spec.stride) * spec.dtype.itemsize
+            nbytes = _nbytes(spec.shape, spec.stride, spec.dtype) or 0
             same = next((m for m in passed_on if walk.live[m].nbytes == nbytes
                          and walk.live[m].dtype == spec.dtype), None)
             if same is not None:
@@ -284,7 +297,6 @@ def _walk_backward(walk: _Walk, program: HostProgram, label: str, report: Any,
                 walk.holders[same] = set()  # autograd hands it over: the backward's argument holds it
                 args[spec.position] = same
                 continue
-            nbytes = extent(spec.shape, spec.stride) * spec.dtype.itemsize
             walk.next_id += 1
             walk.live[walk.next_id] = LiveBuffer(spec.name, label, TANGENT, nbytes, tuple(spec.shape),
                                                  spec.dtype, "autograd")

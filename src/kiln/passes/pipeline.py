@@ -9,6 +9,8 @@
     fuse        kernels: element-wise inlined, reductions fused into consumers, merges
     kernelize   kernel IR for each kernel (a reduction read off its row is stored instead);
                 kernels with the same text share one name and one build
+    in place    kernels store the updates of graph inputs (an optimizer's parameters) into them
+    group       independent point-wise kernels run as one launch, as a foreach op
     overlap     collectives issued as early as their inputs allow, waited for where needed
     host        the host program as data (ir/host.py): allocations, launches, ATen calls,
                 the outputs in eager's layouts
@@ -43,10 +45,12 @@ from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
 from kiln.ir.checks import ERROR_PARAM
 from kiln.ir.host import HostProgram
-from kiln.ir.kernel import Kernel, kernel_str
+from kiln.ir.kernel import Kernel, kernel_str, size_params
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op
+from kiln.passes.foreach import group_kernels
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, plan_stores, schedule
 from kiln.passes.host_plan import build_host_program
+from kiln.passes.in_place import write_in_place
 from kiln.passes.kernelize import emit_kernel, transposing_copy
 from kiln.passes.layout import LayoutChoice, Layouts
 from kiln.passes.memory import plan_memory
@@ -91,6 +95,7 @@ class CompileReport:
     launches: LaunchGraphs | None = None  # kept for the numerics check (compile_graph's check=True)
     numerics: Any = None  # tools/check.py's NumericsReport, once a checked first call ran
     buffer_layouts: dict = field(default_factory=dict)  # buffer -> (dtype, shape), for passes/peak.py
+    family: str = ""  # a program of a shape family: each size symbol, where it is read, its traced value
 
     @property
     def num_kernels(self) -> int:
@@ -177,6 +182,12 @@ def _compile_graph(
     with _Timer(report, "fuse+kernelize") as t:
         sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend)
         names = buffer_names_for(graph, sched.stored)
+        updates = write_in_place(sched, kernels, names, layouts, lambda plan, trial: emit_kernel(
+            "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows))
+        kernels = _name_by_content(kernels, sched)
+        groups = group_kernels(sched, kernels, backend.group_members)
+        kernels = _name_by_content(kernels, sched)
+        sched.decisions.extend(updates + groups)
         for step in sched.steps:
             copy = transposing_copy(kernels[id(step)], step, names, layouts) if id(step) in kernels else None
             if copy is not None:
@@ -188,7 +199,9 @@ def _compile_graph(
         report.source_map = build_source_map(sched.steps, sched.stored, kernels, names)
         report.node_origins = node_origins(graph)
         externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
-        t.summary = f"{len(kernels)} kernels, {externs} ATen calls"
+        in_place = sum(d.verdict == "in place" for d in updates)
+        t.summary = (f"{len(kernels)} kernels, {externs} ATen calls; {len(groups)} kernel groups, "
+                     f"{in_place} of {len(updates)} input updates in place")
     with _Timer(report, "overlap") as t:
         moved = overlap_communication(sched, kernels, names)
         sched.decisions.extend(moved)
@@ -203,10 +216,11 @@ def _compile_graph(
         report.buffer_layouts = {name: (n.dtype, tuple(n.shape)) for n, name in names.items()}
         t.summary = plan.summary()
     with _Timer(report, "codegen") as t:
-        report.sources = {kern.name: backend.render(kern) for kern in report.kernels}
+        rendered = [size_params(kern) for kern in report.kernels]  # sizes become parameters
+        report.sources = {kern.name: backend.render(kern) for kern in rendered}
         t.summary = f"{sum(len(s) for s in report.sources.values())} bytes of {backend.language}"
     with _Timer(report, "build") as t:
-        kern_list = report.kernels
+        kern_list = rendered
         launchers, report.cache_hits = backend.build(kern_list, [report.sources[k.name] for k in kern_list])
         by_name = {kern.name: launch for kern, launch in zip(kern_list, launchers)}
         call, report.host_source = host_codegen.load_with_source(host, by_name)
@@ -272,7 +286,7 @@ def _name_by_content(kernels: dict[int, Kernel], sched: Schedule) -> dict[int, K
     plans, containers = {id(step): step for step in sched.steps}, container_modules(sched.graph)
     out = {}
     for key, kern in kernels.items():
-        text = kernel_str(kern)
+        text = kernel_str(size_params(kern))  # the shape family's symbols as ks0, ...
         if text not in names:
             names[text] = kernel_name(kernel_nodes(plans[key].roots, sched.stored), len(names), containers)
         name = names[text]
