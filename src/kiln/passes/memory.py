@@ -4,7 +4,8 @@ Temporaries (allocated buffers that are neither returned nor handed to an ATen o
 return a view of them) live in slots: a dead one's slot is taken by the next temporary of the
 same dtype and extent. On the CPU the slots are an arena that persists across calls (one per
 thread), so temporaries cost no allocation and no page faults; elsewhere a slot is the memory
-of its first temporary, viewed again by the later ones. Every other buffer, inputs included,
+of its first temporary, viewed again by the later ones, freed once no later temporary of
+that dtype and extent remains to take it. Every other buffer, inputs included,
 is freed after its last read (with the boxed calling convention a backward's saved
 activations go one layer at a time), except what the program returns.
 """
@@ -72,6 +73,16 @@ def _returned(body: tuple[Instr, ...]) -> set[str]:
     return seen
 
 
+def _pooled_allocs_by_key(body: tuple[Instr, ...], returned: set[str], shared: set[str]) -> dict[Slot, int]:
+    """How many temporaries of each slot shape the program allocates."""
+    counts: dict[Slot, int] = {}
+    for ins in body:
+        if isinstance(ins, Alloc) and ins.slot is None and ins.out not in returned and ins.out not in shared:
+            key = Slot(ins.dtype, extent(ins.shape, ins.stride))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostProgram, MemoryPlan]:
     """The program with temporaries in slots and frees after last reads. arena: keep the slots
     across calls (default: on the CPU)."""
@@ -107,6 +118,8 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
     free_slots: dict[Slot, list[int]] = {}
     slot_of: dict[str, int] = {}
     holder: dict[int, str] = {}
+    occupants: dict[int, list[str]] = {}  # without an arena: the names a slot's memory has had
+    allocs_left = _pooled_allocs_by_key(body, returned, shared)
     out: list[Instr] = []
     pooled = freed = 0
     for k, ins in enumerate(body):
@@ -116,6 +129,7 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
         if isinstance(ins, Alloc) and ins.slot is None and ins.out not in returned and ins.out not in shared \
                 and not varying:
             key = Slot(ins.dtype, extent(ins.shape, ins.stride))
+            allocs_left[key] -= 1
             if free_slots.get(key):
                 slot = free_slots[key].pop()
             else:
@@ -129,6 +143,7 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
                 ins = View(ins.out, holder[slot], ins.shape, ins.stride, 0)
             else:
                 holder[slot] = ins.out
+            occupants.setdefault(slot, []).append(ins.out)
         out.append(ins)
         if k > last_work:
             continue
@@ -136,7 +151,13 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
             if last_read[name] != k or name in returned:
                 continue
             if name in slot_of:
-                free_slots.setdefault(slots[slot_of[name]], []).append(slot_of[name])
+                slot = slot_of[name]
+                if arena or allocs_left[slots[slot]] > 0:
+                    free_slots.setdefault(slots[slot], []).append(slot)
+                else:  # no later temporary takes this slot: its memory goes now, not at the return
+                    for occupant in occupants.pop(slot, ()):
+                        out.append(Free(occupant))
+                        freed += 1
             else:
                 out.append(Free(name))
                 freed += 1

@@ -94,6 +94,7 @@ class CompileReport:
     node_origins: dict = field(default_factory=dict)  # node id -> model code (decisions name nodes by id)
     launches: LaunchGraphs | None = None  # kept for the numerics check (compile_graph's check=True)
     numerics: Any = None  # tools/check.py's NumericsReport, once a checked first call ran
+    buffer_layouts: dict = field(default_factory=dict)  # buffer -> (dtype, shape), for passes/peak.py
     family: str = ""  # a program of a shape family: each size symbol, where it is read, its traced value
 
     @property
@@ -212,6 +213,7 @@ def _compile_graph(
     with _Timer(report, "memory") as t:
         host, plan = plan_memory(host)
         report.host_program = host
+        report.buffer_layouts = {name: (n.dtype, tuple(n.shape)) for n, name in names.items()}
         t.summary = plan.summary()
     with _Timer(report, "codegen") as t:
         rendered = [size_params(kern) for kern in report.kernels]  # sizes become parameters

@@ -215,7 +215,7 @@ def _store(e: cache.Entry, key: GraphKey, report, made: list[errors.Fallback]) -
         snapshot = pickle.dumps({
             "kernels": report.kernels, "sources": report.sources, "decisions": report.decisions,
             "fallbacks": report.fallbacks, "graph_text": report.graph_text, "source_map": report.source_map,
-            "node_origins": report.node_origins,
+            "node_origins": report.node_origins, "buffer_layouts": report.buffer_layouts,
             "fallback records": [dataclasses.astuple(f) for f in made],
             "passes": [(p.name, p.seconds, p.summary) for p in report.passes],
         }, protocol=pickle.HIGHEST_PROTOCOL)
@@ -252,7 +252,8 @@ def _load(folder: Path, backend, t0: float) -> tuple[Callable, Any]:
                            sources=snapshot["sources"], host_program=host, host_source=host_source,
                            cache_hits=hits, from_cache=folder.name, program=weakref.ref(call),
                            source_map=snapshot.get("source_map", {}),
-                           node_origins=snapshot.get("node_origins", {}))
+                           node_origins=snapshot.get("node_origins", {}),
+                           buffer_layouts=snapshot.get("buffer_layouts", {}))
     for record in snapshot["fallback records"]:  # what runs in ATen, told as a compile tells it
         errors.record(errors.Fallback(*record))
     compiled = sum(seconds for _, seconds, _ in snapshot["passes"])

@@ -243,6 +243,7 @@ class Explanation:
     compiled_s: float | None = None  # measured, per call
     break_even: BreakEven | None = None
     ceilings: Ceilings | None = None
+    memory: Any = None  # passes/peak.py's PeakMemory of the call: the peak and what is live at it
 
     @property
     def kernels(self) -> list[KernelCost]:
@@ -292,6 +293,8 @@ class Explanation:
             lines.append(f"ceilings ({c.device}): copy {c.copy_bytes_per_s / 1e9:.1f} GB/s, element-wise "
                          f"{c.ops_per_s / 1e9:.1f} Gop/s, matmul {c.matmul_flop_per_s / 1e12:.2f} TFLOP/s, "
                          f"launch {_us(c.launch_s)}")
+        if self.memory is not None:
+            lines.append(self.memory.text())
         return "\n\n".join(parts + (["\n".join(lines)] if lines else []))
 
 
@@ -438,6 +441,7 @@ def explain(fn: Callable, *args: Any, options: dict | None = None, show_kernels:
             _sync(device)
             first_call_s = time.perf_counter() - t0
         result = Explanation([explained_graph(r, show_kernels, show_source) for r in reports])
+        result.memory = _step_peak(reports)
         costs = [g.cost for g in result.graphs if g.cost is not None]
         result.ceilings = costs[0].ceilings if costs else None
         if measure and reports:
@@ -451,6 +455,15 @@ def explain(fn: Callable, *args: Any, options: dict | None = None, show_kernels:
     finally:  # run's code is compiled anew by each explain: keep Dynamo's cache of it empty
         torch._dynamo.eval_frame.remove_from_cache(run)
     return result
+
+
+def _step_peak(reports: list[CompileReport]) -> Any:
+    from kiln.passes.peak import step_peak
+
+    try:
+        return step_peak(reports)
+    except Exception:  # noqa: BLE001 - an estimate missing is no reason to lose the explanation
+        return None
 
 
 def _measure(result: Explanation, reports: list[CompileReport], eager: Callable, compiled: Callable,

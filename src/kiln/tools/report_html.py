@@ -297,6 +297,19 @@ def _source_map_section(explanation: Explanation) -> list[str]:
     return out
 
 
+def _memory_section(explanation: Explanation) -> list[str]:
+    """The peak and what is live at it (passes/peak.py), largest first."""
+    peak = explanation.memory
+    if peak is None:
+        return ["<p class='muted'>no host program to read the peak from</p>"]
+    rows = "".join(f"<tr><td>{_e(b.program)}</td><td><code>{_e(b.name)}</code></td><td>{_e(b.role)}</td>"
+                   f"<td>{b.nbytes / 2**20:.2f}</td><td>{_e(b.made_by)}</td><td>{_e(b.code)}</td></tr>"
+                   for b in peak.live)
+    return [f"<p>{_e(peak.text().splitlines()[0])}</p>",
+            "<table class='sortable'><thead><tr><th>program</th><th>buffer</th><th>role</th><th>MiB</th>"
+            f"<th>made by</th><th>model code</th></tr></thead><tbody>{rows}</tbody></table>"]
+
+
 def render_html(explanation: Explanation, title: str = "kiln report") -> str:
     graphs = explanation.graphs
     kernels = sum(len(g.kernels) for g in graphs)
@@ -320,6 +333,7 @@ def render_html(explanation: Explanation, title: str = "kiln report") -> str:
         "<th>us per launch</th><th>time</th><th>bytes moved</th><th>FLOPs</th><th>bound</th>"
         "<th>of ceiling</th><th>model code</th></tr></thead><tbody>" + "".join(_kernel_rows(explanation))
         + "</tbody></table>",
+        "<h2>Memory at the peak</h2>", *_memory_section(explanation),
         "<h2>Compile time per pass</h2>", *_passes_section(explanation),
         "<h2>Fusion graphs</h2><p class='legend'><span><i class='swatch' style='background:"
         f"{KERNEL_COLOR}'></i>kiln kernel</span><span><i class='swatch' style='background:{ATEN_COLOR}'></i>"
