@@ -9,6 +9,7 @@ running statistics mutates an input) take AOTAutograd's path and still train lik
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -190,3 +191,31 @@ def test_graph_mode_change_is_a_key_component():
         off = training_cache._modes(device)
     assert off["grad enabled"] == "False" and training_cache._modes(device)["grad enabled"] == "True"
 
+
+
+def test_cached_program_failing_at_first_call_runs_in_aten(cold, tmp_path, monkeypatch, caplog):
+    root = tmp_path / "cache"
+    shutil.copytree(cold[0], root)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(root))
+    monkeypatch.setenv("KILN_TARGET", "cpp")
+
+    def broken(*args):
+        raise RuntimeError("a kernel that does not load")
+
+    monkeypatch.setattr(training_cache._Step, "apply", broken)
+    import kiln
+    from kiln.tools.demo import Block
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, before = Block(dim=32, heads=2, hidden=48), dict(training_cache.STATS)
+    reference = Block(dim=32, heads=2, hidden=48)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(2, 8, 32)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        kiln.compile(model)(x).square().mean().backward()
+    assert training_cache.STATS["hit"] == before.get("hit", 0) + 1
+    assert any("failed at its first call" in r.getMessage() for r in caplog.records)
+    reference(x).square().mean().backward()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)

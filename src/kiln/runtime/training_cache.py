@@ -31,7 +31,8 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from kiln import logs
+from kiln import errors, logs
+from kiln.ir.checks import RAISED_AS_EAGER
 from kiln.options import env_debug, env_graph_cache
 from kiln.runtime import cache, graph_cache
 
@@ -85,11 +86,14 @@ def _entry(gm: fx.GraphModule, example_inputs: list[Any], options, target: str,
     return cache.entry(KIND, FOLDER, STEM, "", components), key.text
 
 
-def _plain_inputs_reason(gm: fx.GraphModule, example_inputs: list[Any], options) -> str | None:
+def _plain_graph_reason(gm: fx.GraphModule, example_inputs: list[Any], options) -> str | None:
     if options.mode == "reduce-overhead":
         return "mode reduce-overhead wraps the programs in CUDA graphs"
     if next(gm.parameters(), None) is not None or next(gm.buffers(), None) is not None:
         return "the graph holds parameters or buffers of its own"
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and not _library_call(node.target):
+            return f"the graph calls {node.target!r}, whose code its name does not pin down"
     for k, x in enumerate(example_inputs):
         if not isinstance(x, torch.Tensor):
             return f"input {k} is a {type(x).__name__}, not a tensor"
@@ -99,6 +103,22 @@ def _plain_inputs_reason(gm: fx.GraphModule, example_inputs: list[Any], options)
         if any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride())):
             return f"input {k} has symbolic sizes"
     return None
+
+
+# Python functions a Dynamo graph may call that come with torch or Python, so that their name
+# stands for their code; a user's function (allow_in_graph) may change under the same name.
+_LIBRARIES = ("torch", "operator", "_operator", "math", "builtins", "kiln")
+
+
+def _library_call(target: Any) -> bool:
+    ops = torch._ops
+    if isinstance(target, (ops.OpOverload, ops.OpOverloadPacket, ops.HigherOrderOperator)):
+        return True
+    try:
+        name = fx.node._get_qualified_name(target)
+    except Exception:  # noqa: BLE001 - no name: not a library function
+        return False
+    return name.split(".")[0] in _LIBRARIES
 
 
 # ---- the convention, from what AOTAutograd gives kiln's compilers ---------------------------
@@ -235,17 +255,21 @@ class _Step(torch.autograd.Function):
 
 
 class _Runner:
-    """The callable Dynamo gets on a hit: a Dynamo graph's programs and their convention."""
+    """The callable Dynamo gets on a hit: a Dynamo graph's programs and their convention. If
+    the first call raises in kiln's code, Dynamo's graph runs in ATen from then on (autograd
+    differentiates it as eager would), with one warning, as backend._FirstCallChecked does."""
 
-    def __init__(self, convention: Convention, forward_program: Callable, backward_program: Callable | None):
+    def __init__(self, convention: Convention, forward_program: Callable, backward_program: Callable | None,
+                 gm: fx.GraphModule):
         self.convention = convention
         self.forward_program, self.backward_program = forward_program, backward_program
+        self.gm, self.checked = gm, False
 
     @torch.compiler.disable  # the backward may run inside a compiled function (see backend._untraced)
     def run_backward(self, args: list) -> Any:
         return self.backward_program(args)
 
-    def __call__(self, *args: Any) -> list:
+    def run(self, args: tuple) -> list:
         c = self.convention
         if c.backward is None:
             return list(self.forward_program(list(args)))
@@ -253,11 +277,26 @@ class _Runner:
             return list(self.forward_program(list(args))[:c.num_user_outputs])
         return list(_Step.apply(self, *args))
 
+    def __call__(self, *args: Any) -> list:
+        if self.checked:
+            return self.run(args)
+        try:
+            out = self.run(args)
+        except Exception as e:  # noqa: BLE001 - the user's program must still run
+            if env_debug() or getattr(e, RAISED_AS_EAGER, False):
+                raise
+            reason = f"the cached program failed at its first call: {type(e).__name__}: {e}"
+            errors.record(errors.Fallback("graph", getattr(e, "fallback_kind", "internal"), reason))
+            self.run = lambda call_args: list(self.gm.forward(*call_args))
+            out = self.run(args)
+        self.checked = True
+        return out
+
 
 # ---- lookup and store ---------------------------------------------------------------------
 
 
-def _load(e: cache.Entry, options, target: str, t0: float) -> _Runner:
+def _load(e: cache.Entry, gm: fx.GraphModule, options, target: str, t0: float) -> _Runner:
     from kiln import counters
     from kiln.codegen.backends import get_backend
     from kiln.frontend import backend as frontend
@@ -284,7 +323,7 @@ def _load(e: cache.Entry, options, target: str, t0: float) -> _Runner:
         frontend.REPORTS.append(report)
         counters.graph_compiled(len(report.kernels), report.cache_hits, True)
         programs.append(fn)
-    return _Runner(convention, programs[0], programs[1])
+    return _Runner(convention, programs[0], programs[1], gm)
 
 
 def _not_cached(e: cache.Entry | None, reason: str) -> None:
@@ -330,7 +369,7 @@ def aot_module_cached(gm: fx.GraphModule, example_inputs: list[Any], options, *,
     if not env_graph_cache() or os.environ.get("KILN_JOINT_CACHE", "1") in ("0", ""):
         return through_aot()
     t0 = time.perf_counter()
-    reason = _plain_inputs_reason(gm, example_inputs, options)
+    reason = _plain_graph_reason(gm, example_inputs, options)
     if reason:
         _not_cached(None, reason)
         return through_aot()
@@ -346,7 +385,7 @@ def aot_module_cached(gm: fx.GraphModule, example_inputs: list[Any], options, *,
     problem = cache.check(e)
     if problem is None:
         try:
-            runner = _load(e, options, target, t0)
+            runner = _load(e, gm, options, target, t0)
             STATS["hit"] += 1
             cache.journal("hit", e)
             return runner
