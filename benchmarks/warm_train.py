@@ -30,7 +30,7 @@ compiler, small, device = sys.argv[1], sys.argv[2] == "small", torch.device(sys.
 torch.manual_seed(0)
 size = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128) if small else \
     dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50304, n_positions=1024)
-config = GPT2Config(**size, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+config = GPT2Config(**size, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
 model = GPT2LMHeadModel(config).to(device).train()
 batch, seq = (2, 64) if small else (8, 1024)
 ids = torch.randint(0, size["vocab_size"], (batch, seq), device=device)

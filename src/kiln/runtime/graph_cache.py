@@ -61,7 +61,7 @@ class Uncacheable(Exception):
 def _value_text(v: Any, names: dict[fx.Node, str]) -> str:
     if isinstance(v, fx.Node):
         return names[v]
-    if v is None or isinstance(v, (bool, int, str, complex)):
+    if v is None or v is Ellipsis or isinstance(v, (bool, int, str, complex)):
         return repr(v)
     if isinstance(v, float):
         return repr(v)  # repr keeps -0.0, inf and nan apart

@@ -64,6 +64,9 @@ class Convention:
     num_user_outputs: int  # the forward program's first outputs; the rest are saved
     tangent_outputs: tuple[int, ...]  # the user outputs that get a tangent, in tangent order
     backward_inputs: tuple[tuple[str, int], ...]  # ("saved", k) or ("tangent", k), in order
+    # user outputs that view an intermediate no other output shares: returned through
+    # aten._unsafe_view, as AOTAutograd does, so that autograd sees no view to track
+    unsafe_view_outputs: tuple[int, ...] = ()
 
 
 # ---- the key ------------------------------------------------------------------------------
@@ -131,7 +134,7 @@ def _plain_metadata_reason(meta: Any) -> str | None:
     if any(i.mutates_data or i.mutates_metadata or getattr(i, "mutation_inductor_storage_resize", False)
            for i in meta.input_info):
         return "the graph mutates an input (e.g. a running statistic)"
-    if any(o.output_type.name != "non_alias" for o in meta.output_info):
+    if any(o.output_type.name not in ("non_alias", "unsafe_view_alias") for o in meta.output_info):
         return "an output aliases an input, another output or an intermediate"
     if any(not issubclass(o.raw_type, torch.Tensor) for o in meta.output_info):
         return "an output is not a tensor"
@@ -199,8 +202,11 @@ def convention_of(split: _Split, num_inputs: int, backward_entry: str | None) ->
         raise NotPlain("the forward program takes other inputs than Dynamo's graph")
     requiring = tuple(k for k, i in enumerate(meta.input_info) if i.requires_grad)
     tangent_outputs = tuple(k for k, o in enumerate(meta.output_info) if o.requires_grad)
+    unsafe_views = tuple(k for k, o in enumerate(meta.output_info)
+                         if o.output_type.name == "unsafe_view_alias")
     if split.num_user_outputs < 0:  # inference: the program's outputs are the user's
-        return Convention(split.forward_entry, None, num_inputs, requiring, len(meta.output_info), (), ())
+        return Convention(split.forward_entry, None, num_inputs, requiring, len(meta.output_info), (), (),
+                          unsafe_views)
     if backward_entry is None:
         raise NotPlain("kiln did not compile the backward graph into a whole-graph entry")
     if split.num_user_outputs != len(meta.output_info):
@@ -220,10 +226,17 @@ def convention_of(split: _Split, num_inputs: int, backward_entry: str | None) ->
         else:
             raise NotPlain(f"the backward reads {name}, which the forward does not save")
     return Convention(split.forward_entry, backward_entry, num_inputs, requiring, split.num_user_outputs,
-                      tangent_outputs, tuple(sources))
+                      tangent_outputs, tuple(sources), unsafe_views)
 
 
 # ---- the runtime --------------------------------------------------------------------------
+
+
+def _user_outputs(c: Convention, outs: Any) -> tuple[torch.Tensor, ...]:
+    if not c.unsafe_view_outputs:
+        return tuple(outs)
+    return tuple(torch.ops.aten._unsafe_view(o, o.shape) if k in c.unsafe_view_outputs else o
+                 for k, o in enumerate(outs))
 
 
 class _Step(torch.autograd.Function):
@@ -233,7 +246,7 @@ class _Step(torch.autograd.Function):
     def forward(ctx, runner: "_Runner", *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         c = runner.convention
         outs = runner.forward_program(list(args))
-        user, saved = tuple(outs[:c.num_user_outputs]), outs[c.num_user_outputs:]
+        user, saved = _user_outputs(c, outs[:c.num_user_outputs]), outs[c.num_user_outputs:]
         ctx.runner = runner
         ctx.save_for_backward(*saved)
         tangent = set(c.tangent_outputs)
@@ -272,9 +285,9 @@ class _Runner:
     def run(self, args: tuple) -> list:
         c = self.convention
         if c.backward is None:
-            return list(self.forward_program(list(args)))
+            return list(_user_outputs(c, self.forward_program(list(args))))
         if not torch.is_grad_enabled():  # Dynamo guards grad mode: a program traced with it on
-            return list(self.forward_program(list(args))[:c.num_user_outputs])
+            return list(_user_outputs(c, self.forward_program(list(args))[:c.num_user_outputs]))
         return list(_Step.apply(self, *args))
 
     def __call__(self, *args: Any) -> list:
