@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx as fx
-from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
@@ -26,6 +26,7 @@ from kiln.ir import sizes
 from kiln.ir.checks import RAISED_AS_EAGER
 from kiln.lower.core import Unsupported
 from kiln.options import Options, backend_options, env_debug, env_symbolic
+from kiln.runtime.training_cache import aot_module_cached
 
 log = logging.getLogger("kiln")
 # kiln's compiles per shape: KILN_LOGS=recompiles, or with Dynamo's own under TORCH_LOGS=recompiles
@@ -537,9 +538,10 @@ def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: O
     # Dynamo's DDPOptimizer counts AOTAutograd calls to pair each bucket's forward with its
     # lazily compiled backward; its own aot_autograd backends count them here too
     torch._dynamo.utils.counters["aot_autograd"]["total"] += 1
-    return aot_module_simplified(
+    return aot_module_cached(  # AOTAutograd, or on a warm start what it made before
         gm,
         example_inputs,
+        options,
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,
         partition_fn=partition_fn,

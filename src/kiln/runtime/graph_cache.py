@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib
 import json
 import os
 import pickle
@@ -44,6 +45,8 @@ KIND = "graph"
 GRAPH_TEXT = "graph.txt"
 # What the graph cache did in this process: "hit", "miss", "not cached" (and why).
 STATS: Counter = Counter()
+# The entry folder each graph's program was loaded from or stored as (the joint cache names them).
+ENTRY_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 _SOURCE_SUFFIXES = (".py", ".h")
 
@@ -58,7 +61,7 @@ class Uncacheable(Exception):
 def _value_text(v: Any, names: dict[fx.Node, str]) -> str:
     if isinstance(v, fx.Node):
         return names[v]
-    if v is None or isinstance(v, (bool, int, str, complex)):
+    if v is None or v is Ellipsis or isinstance(v, (bool, int, str, complex)):
         return repr(v)
     if isinstance(v, float):
         return repr(v)  # repr keeps -0.0, inf and nan apart
@@ -83,10 +86,22 @@ def _value_text(v: Any, names: dict[fx.Node, str]) -> str:
 
 
 def _target_text(target: Any) -> str:
-    name = op_name(target)
+    name = op_name(target) or _python_name(target)
     if name is None:
         raise Uncacheable(f"a call to {target!r}, which no name leads back to")
     return name
+
+
+def _python_name(target: Any) -> str | None:
+    """The dotted name FX prints a Dynamo graph's call by (torch.rsqrt, operator.add), when
+    importing that name gives back target itself."""
+    try:
+        name = fx.node._get_qualified_name(target)
+        module, _, attribute = name.rpartition(".")
+        obj: Any = importlib.import_module(module)
+        return f"py {name}" if getattr(obj, attribute) is target else None
+    except Exception:  # noqa: BLE001 - a name that does not lead back: the graph is not cached
+        return None
 
 
 def graph_lines(gm: fx.GraphModule) -> list[str]:
@@ -203,9 +218,9 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any], options, target: st
 # ---- entries ------------------------------------------------------------------------------
 
 
-def _store(e: cache.Entry, key: GraphKey, report, made: list[errors.Fallback]) -> str | None:
+def _store(e: cache.Entry, key: GraphKey, report, made: list[errors.Fallback]) -> Path | str:
     """Write the entry of a compiled program and the fallback records its compile made;
-    why it was not stored, or None."""
+    where it was stored, or why it was not."""
     try:
         host = json.dumps(report.host_program.to_dict())
     except ValueError as err:  # an object no name resolves: the program runs, uncached
@@ -227,12 +242,12 @@ def _store(e: cache.Entry, key: GraphKey, report, made: list[errors.Fallback]) -
             (folder / "constants.pt").write_bytes(constants)
             (folder / "kernels.pkl").write_bytes(snapshot)
 
-        cache.load_or_build(e, write)
+        stored, _ = cache.load_or_build(e, write)
     except Exception as err:  # noqa: BLE001 - the program is compiled: failing to keep it loses nothing
         if env_debug():
             raise
         return f"storing failed ({type(err).__name__}: {err})"
-    return None
+    return stored
 
 
 def _load(folder: Path, backend, t0: float) -> tuple[Callable, Any]:
@@ -288,6 +303,7 @@ def compile_cached(gm: fx.GraphModule, example_inputs: list[Any], options, targe
     if problem is None:
         try:
             result = _load(e.path, backend, t0)
+            ENTRY_OF[gm] = e.path.name
             STATS["hit"] += 1
             cache.journal("hit", e)
             return result
@@ -302,10 +318,11 @@ def compile_cached(gm: fx.GraphModule, example_inputs: list[Any], options, targe
     if any(f.kind == "internal" for f in made):  # a kiln bug made this program: not kept
         STATS["not cached: kiln raised while compiling"] += 1
         return call, report
-    not_stored = _store(e, key, report, made)
-    if not_stored:
-        STATS[f"not cached: {not_stored}"] += 1
+    stored = _store(e, key, report, made)
+    if isinstance(stored, str):
+        STATS[f"not cached: {stored}"] += 1
         return call, report
+    ENTRY_OF[gm] = stored.name
     report.passes.append(PassRecord("graph cache", lookup + time.perf_counter() - t1,
                                     f"miss ({'not in the cache' if problem == 'missing' else problem}): "
                                     f"stored as {FOLDER}/{e.path.name}"))

@@ -1,0 +1,90 @@
+"""GPT-2 (124M) first training step in a fresh process, cold and warm: kiln (with and without
+its joint cache, KILN_JOINT_CACHE=0) beside Inductor.
+
+    PYTHONPATH=src python -m benchmarks.warm_train [--small] [--runs 3] [--device cuda]
+
+Each measurement is its own process. Per compiler, one process starts from empty caches (kiln,
+Inductor, Triton: fresh temporary folders) and fills them (cold); later processes find them
+(warm). A process times `import torch`, then from the compiler's import to the end of the
+first step (forward, loss, backward; synchronized): Dynamo, AOTAutograd where it runs, the
+compiler and one step. --small: a 2-layer GPT-2, for a check on the CPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+import torch
+imported = time.perf_counter() - t0
+from transformers import GPT2Config, GPT2LMHeadModel
+compiler, small, device = sys.argv[1], sys.argv[2] == "small", torch.device(sys.argv[3])
+torch.manual_seed(0)
+size = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128) if small else \
+    dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50304, n_positions=1024)
+config = GPT2Config(**size, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+model = GPT2LMHeadModel(config).to(device).train()
+batch, seq = (2, 64) if small else (8, 1024)
+ids = torch.randint(0, size["vocab_size"], (batch, seq), device=device)
+sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+sync()
+t1 = time.perf_counter()
+if compiler == "inductor":
+    compiled = torch.compile(model)
+else:
+    import kiln
+    compiled = kiln.compile(model)
+compiled(ids, labels=ids).loss.backward()
+sync()
+first = time.perf_counter() - t1
+stats = {}
+if compiler != "inductor":
+    from kiln.runtime import training_cache
+    stats = dict(training_cache.STATS)
+print(json.dumps({"import_torch": imported, "first_step": first, "joint": stats}))
+"""
+
+
+def run(compiler: str, caches: dict[str, str], args: argparse.Namespace, joint: bool = True) -> dict:
+    env = {**os.environ, **caches, "HF_HUB_OFFLINE": "1", "KILN_JOINT_CACHE": "1" if joint else "0"}
+    size = "small" if args.small else "full"
+    proc = subprocess.run([sys.executable, "-c", CHILD, compiler, size, args.device], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    rows = [("kiln, joint cache", "kiln", True), ("kiln, KILN_JOINT_CACHE=0", "kiln", False),
+            ("inductor", "inductor", True)]
+    for label, compiler, joint in rows:
+        with tempfile.TemporaryDirectory(prefix="warm-train-") as folder:
+            names = (("KILN_CACHE_DIR", "kiln"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                     ("TRITON_CACHE_DIR", "triton"))
+            caches = {var: str(Path(folder) / name) for var, name in names}
+            cold = run(compiler, caches, args, joint)
+            warm = [run(compiler, caches, args, joint) for _ in range(args.runs)]
+        median = statistics.median(w["first_step"] for w in warm)
+        print(f"{label}: cold first step {cold['first_step']:.2f} s; warm median {median:.2f} s "
+              f"(runs {', '.join(format(w['first_step'], '.2f') for w in warm)}), import torch "
+              f"{statistics.median(w['import_torch'] for w in warm):.2f} s"
+              + (f", joint cache {warm[0]['joint']}" if compiler == "kiln" else ""))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    main()
