@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kiln.ir.group import make_group
 from kiln.ir.kernel import Kernel
+from kiln.ir.sizes import is_symbolic
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
 from kiln.passes.layout import node_label
 
@@ -20,7 +21,9 @@ MAX_GROUP_ARGS = 1024  # buffers one launch takes: its arguments are passed one 
 def _groupable(kern: Kernel) -> bool:
     """Point-wise, checking nothing, not empty, and of static sizes (a group's launch passes
     its members' buffers only)."""
-    return not kern.reduce and not kern.checks and not kern.sizes and kern.outer_numel > 0
+    if kern.reduce or kern.checks or kern.sizes or is_symbolic(kern.outer_numel):
+        return False
+    return kern.outer_numel > 0
 
 
 def _buffers(kern: Kernel) -> tuple[set[str], set[str]]:
