@@ -22,6 +22,7 @@ from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
 from kiln.frontend.linear_xent import rewrite_linear_cross_entropy
 from kiln.frontend.partition import PartitionSummary, partition
+from kiln.frontend.random import random_decompositions
 from kiln.ir.checks import RAISED_AS_EAGER
 from kiln.lower.core import Unsupported
 from kiln.options import Options, backend_options, env_debug
@@ -411,5 +412,6 @@ def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: O
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,
         partition_fn=partition_fn,
-        decompositions=decomposition_table(),
+        decompositions=decomposition_table() if options.eager_random
+        else {**decomposition_table(), **random_decompositions()},
     )
