@@ -20,6 +20,12 @@ class Stats:
     # per Dynamo graph traced with symbolic shapes (numbered in the order they were met):
     # the programs kiln compiled for the concrete shapes it was called with
     shape_variants: dict[int, int] = field(default_factory=dict)
+    # ATen graphs with symbolic shapes kiln compiled once for their whole shape family
+    graphs_symbolic: int = 0
+    # reason -> how many symbolic graphs kiln compiled per shape instead (what needed a number)
+    per_shape: collections.Counter = field(default_factory=collections.Counter)
+    # guards on sizes that kiln's compile of a family added (each makes Dynamo specialize)
+    specialized: int = 0
     kernels_built: int = 0  # kernels compiled by the C++ compiler or Triton
     kernel_cache_hits: int = 0  # kernels loaded from kiln's cache instead
     # "kind: reason" -> how many whole graphs ran in ATen so
@@ -30,6 +36,11 @@ class Stats:
     def __str__(self) -> str:
         lines = [f"graphs compiled: {self.graphs_compiled} ({self.graphs_from_cache} from the graph cache)",
                  f"kernels built: {self.kernels_built}, from the cache: {self.kernel_cache_hits}"]
+        if self.graphs_symbolic or self.specialized:
+            lines.append(f"graphs compiled once for their shape family: {self.graphs_symbolic}, "
+                         f"sizes specialized by kiln: {self.specialized}")
+        for why, n in self.per_shape.most_common():
+            lines.append(f"graph compiled per shape x{n}: {why}")
         if self.shape_variants:
             lines.append("shape variants per symbolic graph: " +
                          ", ".join(f"graph {g}: {n}" for g, n in sorted(self.shape_variants.items())))
@@ -69,6 +80,21 @@ def shape_variant(graph: int) -> int:
     with _LOCK:
         _STATS.shape_variants[graph] = _STATS.shape_variants.get(graph, 0) + 1
         return _STATS.shape_variants[graph]
+
+
+def graph_symbolic() -> None:
+    with _LOCK:
+        _STATS.graphs_symbolic += 1
+
+
+def compiled_per_shape(reason: str) -> None:
+    with _LOCK:
+        _STATS.per_shape[reason[:160]] += 1
+
+
+def sizes_specialized(guards: int) -> None:
+    with _LOCK:
+        _STATS.specialized += guards
 
 
 def ran_in_aten(scope: str, kind: str, reason: str, op: str) -> None:

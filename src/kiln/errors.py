@@ -59,15 +59,34 @@ _collectors: list[list[Fallback]] = []
 def record(fallback: Fallback) -> Fallback:
     """Keep the record and tell the user once: a whole graph in ATen, or a kiln bug, is a
     warning; an op kiln has no lowering for is expected and logged at info level."""
-    FALLBACKS.append(fallback)
-    counters.ran_in_aten(fallback.scope, fallback.kind, fallback.reason, fallback.op)
     for made in _collectors:
         made.append(fallback)
+    if _held:  # kept back until the compile that made it is kept (held())
+        _held[-1].append(fallback)
+        return fallback
+    FALLBACKS.append(fallback)
+    counters.ran_in_aten(fallback.scope, fallback.kind, fallback.reason, fallback.op)
     if fallback.scope == "graph" or fallback.kind == "internal":
         log.warning("%s", fallback)
     else:
         log.info("%s", fallback)
     return fallback
+
+
+_held: list[list[Fallback]] = []
+
+
+@contextlib.contextmanager
+def held() -> Iterator[list[Fallback]]:
+    """Records made while open are kept back, not told: the caller records them again where
+    the compile that made them is kept, and drops them where it is not (a shape family's
+    compile that gives way to one per shape)."""
+    made: list[Fallback] = []
+    _held.append(made)
+    try:
+        yield made
+    finally:
+        _held.remove(made)
 
 
 @contextlib.contextmanager

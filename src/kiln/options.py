@@ -16,8 +16,9 @@ class Options:
 
     fullgraph: raise on a graph break instead of splitting the program.
     dynamic: None (the default) lets Dynamo decide: once an input's shape changes, Dynamo
-        traces the graph with symbolic shapes, and kiln compiles it again for each shape it
-        meets; True traces symbolic shapes from the start; False has Dynamo trace each new
+        traces the graph with symbolic shapes, and kiln compiles it once for its shape family
+        (per shape where it needs a number, or with KILN_SYMBOLIC=0); True traces symbolic
+        shapes from the start; False has Dynamo trace each new
         shape on its own (and patch its configuration around every call, which costs host
         time).
     mode: "default", "reduce-overhead" (CUDA graphs where possible) or "max-autotune".
@@ -119,6 +120,12 @@ def env_eager_random() -> bool:
 
 def env_debug() -> bool:
     return os.environ.get("KILN_DEBUG", "") not in ("", "0")
+
+
+def env_symbolic() -> bool:
+    """KILN_SYMBOLIC=0 compiles a graph Dynamo traced with symbolic shapes once per shape it
+    meets, as before shape families; by default kiln compiles the family once."""
+    return os.environ.get("KILN_SYMBOLIC", "1") not in ("0", "")
 
 
 def env_graph_cache() -> bool:

@@ -64,6 +64,12 @@ def plant_first_call(monkeypatch):
 
 
 def plant_per_shape(monkeypatch):
+    monkeypatch.setenv("KILN_SYMBOLIC", "0")  # symbolic graphs compile per shape
+    monkeypatch.setattr(backend, "_compile_shape", boom)
+
+
+def plant_family(monkeypatch):
+    monkeypatch.setattr(backend, "compile_family_graph", boom)  # then per shape: also planted
     monkeypatch.setattr(backend, "_compile_shape", boom)
 
 
@@ -79,6 +85,7 @@ PLANTS = {
     "compile_graph": (plant_compile_graph, "graph", "internal", {}),
     "first call": (plant_first_call, "graph", "internal", {}),
     "per-shape path": (plant_per_shape, "graph", "internal", {"dynamic": True}),
+    "shape-family path": (plant_family, "graph", "internal", {"dynamic": True}),
     "reading the graph": (plant_graph_reading, "graph", "internal", {}),
     "tracing": (lambda mp: mp.setattr(backend, "decomposition_table", boom), "graph", "trace", {}),
 }

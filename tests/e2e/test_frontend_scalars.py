@@ -69,7 +69,10 @@ def test_symbolic_float_times_integers_rounds_as_eager(dtype):
         assert_same(compiled(x, s), f(x, s), {"rtol": 0, "atol": 0})
 
 
-def test_python_arithmetic_on_a_symbolic_float():
+def test_python_arithmetic_on_a_symbolic_float(monkeypatch):
+    # per shape: a shape family's trace specializes clamp's bounds (test_symbolic_sizes.py)
+    monkeypatch.setenv("KILN_SYMBOLIC", "0")
+
     def f(x, s):
         return torch.clamp(x, min=-s, max=s), x * -s
 

@@ -1,9 +1,16 @@
-"""Input shapes: kiln specializes on them, compiling each new shape natively."""
+"""Input shapes compiled per shape (KILN_SYMBOLIC=0): kiln specializes on them, compiling each
+new shape natively. tests/e2e/test_symbolic_sizes.py covers one program per shape family."""
 
+import pytest
 import torch
 
 import kiln
 from kiln.frontend.backend import REPORTS
+
+
+@pytest.fixture(autouse=True)
+def per_shape(monkeypatch):
+    monkeypatch.setenv("KILN_SYMBOLIC", "0")
 
 
 def test_each_new_shape_compiles_natively():

@@ -30,7 +30,8 @@ def test_counts_graphs_kernels_and_what_ran_in_aten():
     assert "graphs compiled: 1" in str(s)
 
 
-def test_counts_programs_per_symbolic_graph():
+def test_counts_programs_per_symbolic_graph(monkeypatch):
+    monkeypatch.setenv("KILN_SYMBOLIC", "0")  # per shape: one program per shape met
     kiln.reset_stats()
 
     def f(x):
@@ -62,7 +63,8 @@ def test_per_shape_compiles_show_under_torch_logs_recompiles(tmp_path):
         for n in (3, 5):
             g(torch.randn(n))
     """)
-    env = {**os.environ, "TORCH_LOGS": "recompiles", "KILN_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "TORCH_LOGS": "recompiles", "KILN_CACHE_DIR": str(tmp_path), "KILN_SYMBOLIC": "0"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stderr.count("kiln: symbolic graph 0 compiled for shapes") == 2, out.stderr[-2000:]
+    assert "compiles per shape: KILN_SYMBOLIC=0" in out.stderr, out.stderr[-2000:]

@@ -38,7 +38,8 @@ def _cpp(options) -> Backend:
     from kiln.runtime import cpp_build
 
     def build(kernels, sources):
-        results = cpp_build.build_all([(src, k.name, len(k.params)) for k, src in zip(kernels, sources)])
+        results = cpp_build.build_all([(src, k.name, (len(k.params), len(k.sizes)))
+                                       for k, src in zip(kernels, sources)])
         return [r.fn for r in results], sum(r.cached for r in results)
 
     # on a CPU a re-read row comes from L1: keeping a plain load would only add a store

@@ -13,6 +13,8 @@ from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, FloorDiv, Mod, Sym
 from kiln.ir.kernel import compute_dtype
+from kiln.ir.sizes import is_symbolic
+from kiln.ir.sizes import render as sc
 
 # Rows up to this many elements keep reused values in a local array (stack, L1/L2).
 ROW_SCRATCH_LIMIT = 16384
@@ -52,17 +54,29 @@ def render_index(e: Expr) -> str:
         if isinstance(atom, Sym):
             text = atom.name
         elif isinstance(atom, FloorDiv):
-            text = f"({render_index(atom.arg)}) / {atom.divisor}"
+            text = f"({render_index(atom.arg)}) / {sc(atom.divisor)}"
         elif isinstance(atom, Mod):
-            text = f"({render_index(atom.arg)}) % {atom.divisor}"
+            text = f"({render_index(atom.arg)}) % {sc(atom.divisor)}"
         text = f"({text})" if isinstance(atom, (FloorDiv, Mod)) else text
-        parts.append(text if coef == 1 else f"{coef} * {text}")
-    if e.const or not parts:
-        parts.append(str(e.const))
+        parts.append(text if coef == 1 else f"{sc(coef)} * {text}")
+    if e.const != 0 or not parts:
+        parts.append(sc(e.const))
     return " + ".join(parts)
 
 
+def _at_least(n, limit: int) -> bool:
+    """n >= limit; a size of a shape family counts as large (its kernels serve every size)."""
+    return True if is_symbolic(n) else n >= limit
+
+
+def _size_params(kern: k.Kernel) -> str:
+    """The kernel's size parameters (ks0, ks1, ...), after its buffers."""
+    return "".join(f", const int64_t ks{i}" for i in range(len(kern.sizes)))
+
+
 def literal(value, dtype: torch.dtype) -> str:
+    if is_symbolic(value):  # a size of the shape family (a mean's count)
+        return f"(({ctype(dtype)})({sc(value)}))"
     if dtype in (torch.bfloat16, torch.float16):
         value = torch.tensor(float(value), dtype=dtype).item()  # a constant of this dtype holds its value
     dtype = compute_dtype(dtype)
@@ -282,7 +296,7 @@ class _Renderer:
         elif isinstance(s, k.InBounds):
             self.types[s.out] = torch.bool
             idx = render_index(s.index)
-            self.emit(depth, f"bool {s.out} = (0 <= ({idx})) && (({idx}) < {s.size});")
+            self.emit(depth, f"bool {s.out} = (0 <= ({idx})) && (({idx}) < {sc(s.size)});")
         elif isinstance(s, k.Compute):
             expr = render_compute(s, [self.types[a] for a in s.args])
             self.types[s.out] = s.dtype
@@ -373,20 +387,22 @@ class _Renderer:
         for r in reductions:
             self.reduce_init(r, depth)
         syms = self.k.reduce
-        sums = _blocked_sums(reductions) if self.k.reduce_numel > SUM_BLOCK else []
+        sums = _blocked_sums(reductions) if _at_least(self.k.reduce_numel, SUM_BLOCK + 1) else []
         self.block_partial = {r.out: f"{r.out}_block" for r in sums}
         for i, sym in enumerate(syms[:-1]):
-            self.emit(depth + i, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
+            self.emit(depth + i, f"for (int64_t {sym.name} = 0; {sym.name} < {sc(sym.extent)}; "
+                                 f"++{sym.name}) {{")
         inner = depth + len(syms) - 1
         last = syms[-1]
-        start, stop = "0", str(last.extent)
+        start, stop = "0", sc(last.extent)
         if sums:  # the innermost loop in blocks, each summed into fresh partials
             block = f"{last.name}_block"
-            self.emit(inner, f"for (int64_t {block} = 0; {block} < {last.extent}; {block} += {SUM_BLOCK}) {{")
+            self.emit(inner, f"for (int64_t {block} = 0; {block} < {sc(last.extent)}; "
+                             f"{block} += {SUM_BLOCK}) {{")
             inner += 1
             for r in sums:
                 self.emit(inner, f"{ctype(compute_dtype(r.dtype))} {r.out}_block = 0;")
-            start, stop = block, f"std::min<int64_t>({block} + {SUM_BLOCK}, {last.extent})"
+            start, stop = block, f"std::min<int64_t>({block} + {SUM_BLOCK}, {sc(last.extent)})"
         self.emit(inner, _simd_pragma(reductions, self.block_partial))
         self.emit(inner, f"for (int64_t {last.name} = {start}; {last.name} < {stop}; ++{last.name}) {{")
         for s in stage.body:
@@ -427,20 +443,22 @@ class _Renderer:
         x = kern.outer[-1]
         params = ", ".join(
             f"{'' if p.is_output else 'const '}{STORAGE_TYPE[p.dtype]}* __restrict__ {p.name}"
-            for p in kern.params)
+            for p in kern.params) + _size_params(kern)
         self.emit(0, f'extern "C" void {kern.name}({params}) {{')
         self.error_locals()
         outer = list(kern.outer[:-1])
-        blocks = (x.extent + xb - 1) // xb * kern.outer_numel // x.extent
-        if kern.outer_numel * kern.reduce_numel >= PARALLEL_MIN_WORK and blocks > 1:
+        blocks = 2 if is_symbolic(kern.outer_numel) else \
+            (x.extent + xb - 1) // xb * kern.outer_numel // x.extent
+        if _at_least(kern.outer_numel * kern.reduce_numel, PARALLEL_MIN_WORK) and blocks > 1:
             self.emit(1, f"#pragma omp parallel for collapse({len(outer) + 1})")
         depth = 1
         for sym in outer:
-            self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
+            self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sc(sym.extent)}; "
+                             f"++{sym.name}) {{")
             depth += 1
-        self.emit(depth, f"for (int64_t xb = 0; xb < {x.extent}; xb += {xb}) {{")
+        self.emit(depth, f"for (int64_t xb = 0; xb < {sc(x.extent)}; xb += {xb}) {{")
         depth += 1
-        self.emit(depth, f"const int64_t xn = std::min<int64_t>({xb}, {x.extent} - xb);")
+        self.emit(depth, f"const int64_t xn = std::min<int64_t>({xb}, {sc(x.extent)} - xb);")
         finished: list[tuple[str, str]] = []
         block_loop = "for (int64_t xi = 0; xi < xn; ++xi) {"
         for stage in kern.stages:
@@ -455,24 +473,25 @@ class _Renderer:
                     self.emit(depth, f"{ctyp} {name}_col[{xb}];")
                     self.emit(depth, f"for (int64_t xi = 0; xi < xn; ++xi) {name}_col[xi] = {init};")
             inner = depth
-            sums = _blocked_sums(reductions) if stage.loop and kern.reduce_numel > SUM_BLOCK else []
+            long_rows = stage.loop and _at_least(kern.reduce_numel, SUM_BLOCK + 1)
+            sums = _blocked_sums(reductions) if long_rows else []
             partials = {r.out: f"{r.out}_block" for r in sums}
             if stage.loop:
                 for sym in kern.reduce[:-1]:
                     i = sym.name
-                    self.emit(inner, f"for (int64_t {i} = 0; {i} < {sym.extent}; ++{i}) {{")
+                    self.emit(inner, f"for (int64_t {i} = 0; {i} < {sc(sym.extent)}; ++{i}) {{")
                     inner += 1
                 last = kern.reduce[-1]
-                start, stop = "0", str(last.extent)
+                start, stop = "0", sc(last.extent)
                 if sums:  # rows in blocks, each summed into fresh partials
                     block = f"{last.name}_block"
-                    self.emit(inner, f"for (int64_t {block} = 0; {block} < {last.extent}; "
+                    self.emit(inner, f"for (int64_t {block} = 0; {block} < {sc(last.extent)}; "
                                      f"{block} += {SUM_BLOCK}) {{")
                     inner += 1
                     for r in sums:
                         self.emit(inner, f"{ctype(compute_dtype(r.dtype))} {r.out}_block[{xb}];")
                         self.emit(inner, f"for (int64_t xi = 0; xi < xn; ++xi) {r.out}_block[xi] = 0;")
-                    start, stop = block, f"std::min<int64_t>({block} + {SUM_BLOCK}, {last.extent})"
+                    start, stop = block, f"std::min<int64_t>({block} + {SUM_BLOCK}, {sc(last.extent)})"
                 self.emit(inner, f"for (int64_t {last.name} = {start}; {last.name} < {stop}; "
                                  f"++{last.name}) {{")
                 inner += 1
@@ -519,14 +538,15 @@ class _Renderer:
             return self.render_column()
         params = ", ".join(
             f"{'' if p.is_output else 'const '}{STORAGE_TYPE[p.dtype]}* __restrict__ {p.name}"
-            for p in kern.params)
+            for p in kern.params) + _size_params(kern)
         for p in kern.params:
             if p.dtype not in STORAGE_TYPE:
                 raise CppUnsupported(f"dtype {p.dtype}")
         self.emit(0, f'extern "C" void {kern.name}({params}) {{')
         self.error_locals()
-        work = kern.outer_numel * max(kern.reduce_numel, 1)
-        parallel = work >= PARALLEL_MIN_WORK and kern.outer_numel > 1
+        row = kern.reduce_numel if is_symbolic(kern.reduce_numel) else max(kern.reduce_numel, 1)
+        work = kern.outer_numel * row
+        parallel = _at_least(work, PARALLEL_MIN_WORK) and _at_least(kern.outer_numel, 2)
         outer = list(kern.outer)
         pointwise = not kern.reduce
         simd_outer = outer[-1:] if pointwise and outer else []
@@ -538,16 +558,18 @@ class _Renderer:
         elif parallel and simd_outer:
             self.emit(depth, "#pragma omp parallel for simd")
         for sym in par_dims:
-            self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
+            self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sc(sym.extent)}; "
+                             f"++{sym.name}) {{")
             depth += 1
         if simd_outer:
             if par_dims or not parallel:
                 self.emit(depth, "#pragma omp simd")
             sym = simd_outer[0]
-            self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sym.extent}; ++{sym.name}) {{")
+            self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sc(sym.extent)}; "
+                             f"++{sym.name}) {{")
             depth += 1
-        for sc in kern.scratch:
-            self.emit(depth, f"alignas(64) {ctype(sc.dtype)} {sc.name}[{kern.reduce_numel}];")
+        for scratch in kern.scratch:
+            self.emit(depth, f"alignas(64) {ctype(scratch.dtype)} {scratch.name}[{sc(kern.reduce_numel)}];")
         for stage in kern.stages:
             if stage.loop and kern.reduce:
                 self.loop_stage(stage, depth)

@@ -35,6 +35,7 @@ from kiln.ir.host import (
     resolve_op,
     size_str,
 )
+from kiln.ir.sizes import is_symbolic, symbols
 from kiln.passes.layout import same_strides
 from kiln.runtime import host_ops, profiling
 
@@ -78,7 +79,9 @@ def _literal(e: _Emitter, v: Any) -> str:
         return v.name
     if isinstance(v, ConstRef):
         return e.helper(v.name, e.program.constants[v.name])
-    if isinstance(v, (list, tuple)) and refs(v):
+    if is_symbolic(v):  # a size of the shape family, computed from this call's sizes
+        return size_str(v)
+    if isinstance(v, (list, tuple)) and (refs(v) or symbols(v)):
         inner = ", ".join(_literal(e, x) for x in v)
         return f"[{inner}]" if isinstance(v, list) else f"({inner},)"
     if v is None or isinstance(v, (bool, int, str)):
@@ -135,9 +138,11 @@ def _launch(e: _Emitter, i: Launch, launchers: Mapping[str, Callable] | None) ->
                 for a in i.args]
         if i.errors:
             args.append(f"errors.data_ptr() + {i.errors[0] * 8}")
+        args += [size_str(s) for s in i.sizes]
         e.emit(f"{i.kernel}({', '.join(args)})")
         return
     args = list(i.args) + ([f"errors[{i.errors[0]}:{i.errors[1]}]"] if i.errors else [])
+    args += [size_str(s) for s in i.sizes]
     entry = f"{i.kernel}.aligned" if i.aligned else i.kernel
     e.emit(f"{entry}({', '.join(args)})")
 
@@ -236,6 +241,8 @@ def generate(program: HostProgram, launchers: Mapping[str, Callable] | None = No
     if names:
         e.emit(f"{', '.join(names)}, = args")
     e.emit("args.clear()")
+    for b in program.sizes:  # the shape family's sizes of this call
+        e.emit(f"{b.symbol} = arg{b.position}" + (f".size({b.dim})" if b.dim is not None else ""))
     if check_inputs:
         e.helper("check_input", host_ops.check_input)
         for spec in program.inputs:

@@ -23,9 +23,10 @@ from kiln.frontend.importer import graph_device
 from kiln.frontend.linear_xent import rewrite_linear_cross_entropy
 from kiln.frontend.partition import PartitionSummary, partition
 from kiln.frontend.random import random_decompositions
+from kiln.ir import sizes
 from kiln.ir.checks import RAISED_AS_EAGER
 from kiln.lower.core import Unsupported
-from kiln.options import Options, backend_options, env_debug
+from kiln.options import Options, backend_options, env_debug, env_symbolic
 
 log = logging.getLogger("kiln")
 # kiln's compiles per shape: KILN_LOGS=recompiles, or with Dynamo's own under TORCH_LOGS=recompiles
@@ -74,17 +75,19 @@ class ReportLog:
 REPORTS = ReportLog(keep=64)
 
 
-def _unsupported_reason(example_inputs: list[Any], target: str) -> str | None:
+def _unsupported_reason(example_inputs: list[Any], target: str, family: bool = False) -> str | None:
+    """Why kiln does not compile a graph with these inputs (None: it does). Symbolic sizes
+    only reach the compiler in a shape family's compile (family=True)."""
     devices = set()
     for x in example_inputs:
-        if isinstance(x, torch.SymInt):  # kiln_backend compiles symbolic graphs per shape instead
+        if isinstance(x, torch.SymInt) and not family:  # kiln_backend compiles these per shape
             return "symbolic shapes reached the compiler"
         if isinstance(x, torch.Tensor):
             devices.add(x.device)
             problem = target_problem(target, x.device)
             if problem:
                 return problem
-            if any(isinstance(s, torch.SymInt) for s in x.shape):
+            if any(isinstance(s, torch.SymInt) for s in x.shape) and not family:
                 return "symbolic shapes reached the compiler"
             if x.is_complex() or x.is_sparse or x.is_quantized:
                 return f"{x.dtype} / {x.layout} tensors are not compiled"
@@ -130,6 +133,70 @@ def compile_aten_graph(gm: fx.GraphModule, example_inputs: list[Any], options: O
             kind, reason = "internal", f"{type(e).__name__}: {e}"
     errors.record(errors.Fallback("graph", kind, reason))
     return make_boxed_func(gm.forward)
+
+
+class FamilyFailed(Exception):
+    """kiln cannot compile a graph for its whole shape family (the reason is the message):
+    the graph compiles per shape instead."""
+
+
+def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options: Options,
+                         partition_summary: PartitionSummary | None = None,
+                         captured_decisions: list | None = None, backward: bool = False) -> Callable:
+    """Compile one ATen graph with symbolic sizes once for its shape family, or raise
+    FamilyFailed. Guards on sizes kiln's compile adds are counted (each specializes the
+    family); a backward is compiled after Dynamo built its guards, so there one is a failure."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode(example_inputs)
+    env = getattr(mode, "shape_env", None)
+    if env is None:
+        raise FamilyFailed("the graph's sizes have no shape environment")
+    device = graph_device(example_inputs)
+    target = resolve_target(options.target, device)
+    if target != "cpp":
+        raise FamilyFailed(f"the {target} renderer compiles per shape")
+    if getattr(options, "check", False):  # the numerics check compares kernels at concrete sizes
+        raise FamilyFailed("the numerics check compiles per shape")
+    reason = _unsupported_reason(example_inputs, target, family=True)
+    if reason is not None:
+        raise FamilyFailed(reason)
+    guards = len(env.guards)
+    try:
+        from kiln.passes import cost
+        from kiln.runtime.graph_cache import compile_cached
+
+        eager = cost.eager_before_passes(gm, device)  # the passes rewrite gm
+        with sizes.family(env), errors.held() as records:  # told only if the family compiles
+            fn, report = compile_cached(gm, example_inputs, options, target, get_backend(target, options))
+    except Exception as e:  # noqa: BLE001 - whatever needs a number compiles per shape
+        raise FamilyFailed(f"{type(e).__name__}: {e}") from e
+    for r in records:
+        errors.record(r)
+    added = len(env.guards) - guards
+    if added:
+        counters.sizes_specialized(added)
+        log.info("kiln: compiling a shape family added %d guards on its sizes", added)
+        if backward:
+            raise FamilyFailed("compiling the backward specialized a size")
+    report.partition, report.cost = partition_summary, cost.after_compile(report, eager)
+    report.decisions = list(captured_decisions or ()) + report.decisions
+    REPORTS.append(report)
+    counters.graph_compiled(len(report.kernels), report.cache_hits, bool(report.from_cache))
+    counters.graph_symbolic()
+    with sizes.family(env):
+        report.family = family_text(report.host_program)
+    recompiles_log.debug("kiln: one program for the shape family %s", report.family)
+    fn._boxed_call = True
+    return _FirstCallChecked(fn, gm)
+
+
+def family_text(program: Any) -> str:
+    """Each size symbol of a program's family, where it is read and its traced value."""
+    if program is None or not program.sizes:
+        return "-"
+    return ", ".join(f"{b.symbol} = args[{b.position}]" + (f".size({b.dim})" if b.dim is not None else "")
+                     + f" (traced {sizes.hint(sizes.parse(b.symbol))})" for b in program.sizes)
 
 
 class _FirstCallChecked:
@@ -366,8 +433,6 @@ def kiln_backend(
         options = backend_options(mode, options)  # the user's arguments: an error raises
     elif mode is not None:
         raise TypeError("kiln_backend takes mode= only with options as a dict")
-    if _symbolic(example_inputs):
-        return _PerShape(gm, options)
     try:
         eager_only = eager_only_reason(gm)
     except Exception as e:  # noqa: BLE001 - the user's program must still run
@@ -375,6 +440,8 @@ def kiln_backend(
     if eager_only:
         errors.record(errors.Fallback("graph", "by design", eager_only))
         return gm.forward
+    if _symbolic(example_inputs):
+        return _compile_symbolic(gm, example_inputs, options)
     try:
         return _trace_and_compile(gm, example_inputs, options)
     except (torch._dynamo.exc.RestartAnalysis, *torch._dynamo.exc.exceptions_allowed_to_be_fallback):
@@ -386,17 +453,69 @@ def kiln_backend(
         return gm.forward
 
 
-def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: Options) -> Callable:
-    """AOTAutograd with kiln's decompositions, kiln on the forward and backward graphs."""
+def _compile_symbolic(gm: fx.GraphModule, example_inputs: list[Any], options: Options) -> Callable:
+    """A graph Dynamo traced with symbolic shapes: one program for its shape family, or, where
+    kiln needs a number for it (or KILN_SYMBOLIC=0), a program per shape, said once."""
+    reason = "KILN_SYMBOLIC=0"
+    if env_symbolic():
+        try:
+            return _trace_and_compile(gm, example_inputs, options, family=True)
+        except (torch._dynamo.exc.RestartAnalysis, *torch._dynamo.exc.exceptions_allowed_to_be_fallback):
+            raise
+        except Exception as e:  # noqa: BLE001 - the family's compile failed: per shape instead
+            reason = _family_reason(e)
+    counters.compiled_per_shape(reason)
+    log.info("kiln: a graph with symbolic shapes compiles per shape: %s", reason)
+    recompiles_log.debug("kiln: a graph with symbolic shapes compiles per shape: %s", reason)
+    return _PerShape(gm, options)
+
+
+def _family_reason(e: BaseException) -> str:
+    """The FamilyFailed reason under whatever AOTAutograd wrapped it in."""
+    seen = e
+    while seen is not None:
+        if isinstance(seen, FamilyFailed):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return f"{type(e).__name__}: {e}"
+
+
+class _BackwardPerShape:
+    """A family's backward that kiln could not compile for the family: per shape (boxed)."""
+
+    _boxed_call = True
+
+    def __init__(self, gm: fx.GraphModule, options: Options):
+        self.per_shape = _PerShape(gm, options)
+
+    def __call__(self, args: list) -> Any:
+        values = list(args)
+        args.clear()
+        return self.per_shape(*values)
+
+
+def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: Options,
+                       family: bool = False) -> Callable:
+    """AOTAutograd with kiln's decompositions, kiln on the forward and backward graphs
+    (family: graphs with symbolic sizes, compiled once for their shape family)."""
     splits: list[PartitionSummary] = []  # one when AOTAutograd splits a training graph
     # rewrites of Dynamo's graph, before tracing: their backward is part of what they choose
     captured = rewrite_captured_attention(gm) + rewrite_linear_cross_entropy(gm)
 
     def fw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
+        if family:
+            return compile_family_graph(g, inputs, options, splits[-1] if splits else None, captured)
         return compile_aten_graph(g, inputs, options, splits[-1] if splits else None, captured)
 
     @torch.compiler.disable  # compiled at the first backward, maybe inside a compiled function
     def bw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
+        if family:
+            try:
+                return _untraced(compile_family_graph(g, inputs, options, backward=True))
+            except FamilyFailed as e:
+                counters.compiled_per_shape(f"backward: {e}")
+                log.info("kiln: a backward with symbolic shapes compiles per shape: %s", e)
+                return _untraced(_BackwardPerShape(g, options))
         return _untraced(compile_aten_graph(g, inputs, options))
 
     def partition_fn(joint, joint_inputs, **kwargs):

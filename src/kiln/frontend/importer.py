@@ -17,6 +17,7 @@ from kiln import errors
 from kiln.frontend.effects import has_side_effects
 from kiln.frontend.origin import origin_of
 from kiln.frontend.random import SEED_OP
+from kiln.ir.sizes import NeedsNumber, as_size, shape_env, size_call
 from kiln.ir.tensor import ArgRef, Builder, Graph, GraphGrowthLimit, Layout, Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import WEAK_SCALAR, Unsupported, cast, constant, is_weak_scalar
@@ -45,7 +46,7 @@ EXTERN_BY_DESIGN[SEED_OP] = "the seed of in-kernel random numbers is drawn from 
 
 def _layouts(val: Any) -> tuple:
     if isinstance(val, torch.Tensor):
-        return (Layout(tuple(val.shape), tuple(val.stride()), val.dtype),)
+        return (Layout(_sizes(val.shape), _sizes(val.stride()), val.dtype),)
     if isinstance(val, (tuple, list)):
         return tuple(_layouts(v)[0] if isinstance(v, torch.Tensor) else None for v in val)
     return (None,)
@@ -67,7 +68,7 @@ def _extern(b: Builder, target, args, kwargs, val, reason: str, effectful: bool 
     kwargs_t = tree_map(ref, kwargs)
     layouts = _layouts(val)
     single = isinstance(val, torch.Tensor)
-    shape = tuple(val.shape) if single else ()
+    shape = _sizes(val.shape) if single else ()
     dtype = val.dtype if single else torch.float32
     attrs = (target, args_t, kwargs_t, layouts, reason, single)
     meta: dict = {"effectful": True} if effectful else {}
@@ -77,9 +78,14 @@ def _extern(b: Builder, target, args, kwargs, val, reason: str, effectful: bool 
     return b.make(Op.EXTERN, tuple(inputs), attrs, shape, dtype, meta)
 
 
+def _sizes(sizes) -> tuple:
+    """Sizes of a traced value: ints, or expressions over the shape family's symbols."""
+    return tuple(as_size(s) for s in sizes)
+
+
 def _check(result: Node, val: torch.Tensor, b: Builder) -> Node:
-    if tuple(result.shape) != tuple(val.shape):
-        raise Unsupported(f"lowering produced shape {result.shape}, ATen gives {tuple(val.shape)}")
+    if tuple(result.shape) != _sizes(val.shape):
+        raise Unsupported(f"lowering produced shape {result.shape}, ATen gives {_sizes(val.shape)}")
     return cast(b, result, val.dtype)
 
 
@@ -101,14 +107,17 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
     fallbacks: dict[str, str] = {}
     device = graph_device(example_inputs)
     position = 0
+    size_inputs: list = []
     for n in gm.graph.nodes:
         b.origin = origin_of(n.meta) if n.op == "call_function" else None  # stamped on n's nodes
         if n.op == "placeholder":
             ex = example_inputs[position]
             if isinstance(ex, torch.Tensor):
-                env[n] = b.make(Op.INPUT, (), (position, tuple(ex.stride())), tuple(ex.shape), ex.dtype)
-            else:
-                env[n] = ex
+                env[n] = b.make(Op.INPUT, (), (position, _sizes(ex.stride())), _sizes(ex.shape), ex.dtype)
+            else:  # a number; a size of the shape family (a torch.SymInt) is its symbol
+                env[n] = as_size(ex) if isinstance(ex, torch.SymInt) else ex
+                if isinstance(ex, torch.SymInt):
+                    size_inputs.append((position, env[n]))
             position += 1
         elif n.op == "get_attr":
             value = _fetch_attr(gm, n.target)
@@ -122,8 +131,9 @@ def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
             if any(is_weak_scalar(o) for o in outs):
                 raise Unsupported("the graph returns a number read from a tensor at run time")
             graph = b.finish(outs, position)
+            graph.size_inputs = size_inputs  # where the program reads the family's sizes
             graph.output_strides = [
-                tuple(a.meta["val"].stride())
+                _sizes(a.meta["val"].stride())
                 if isinstance(a, fx.Node) and isinstance(a.meta.get("val"), torch.Tensor)
                 else None
                 for a in fx_outs
@@ -228,6 +238,9 @@ def _lower_call(
             return b.make(Op.ITEM, (src,), (k,), layout.shape, layout.dtype)
         return src[k]
     name = str(n.target)
+    sized = size_call(n.target, args, kwargs)  # arithmetic on the shape family's sizes
+    if sized is not None:
+        return sized
     if n.target is aten._local_scalar_dense.default:
         return _scalar_read(b, args[0])
     if n.target in _NUMBER_OPS and any(is_weak_scalar(a) for a in args):
@@ -248,7 +261,7 @@ def _lower_call(
     if fn is not None:
         single = isinstance(val, torch.Tensor)
         ctx = LowerCtx(
-            b, n.target, tuple(val.shape) if single else None, val.dtype if single else None, n, device
+            b, n.target, _sizes(val.shape) if single else None, val.dtype if single else None, n, device
         )
         try:
             first_new = len(b.nodes)
@@ -263,8 +276,12 @@ def _lower_call(
                 return tuple(_check(r, v, b) for r, v in zip(result, val))
             return result
         except (Unsupported, GraphGrowthLimit) as e:
+            if shape_env() is not None:  # a family's lowering declined: per shape, where it may not
+                raise NeedsNumber(f"{name}: {e}") from e
             reason = str(e)
         except Exception as e:  # a lowering bug must not break the user's program
+            if isinstance(e, NeedsNumber) or shape_env() is not None:  # the graph compiles per shape
+                raise NeedsNumber(f"{name}: {type(e).__name__}: {e}") from e
             if env_debug():
                 raise
             if reads_number:  # the lowering may not expect a number known only at run time
@@ -289,7 +306,7 @@ def _eager_arg_strides(n: fx.Node, env: dict) -> dict[Node, tuple[int, ...]]:
         val = a.meta.get("val") if isinstance(a, fx.Node) else None
         node = env.get(a) if isinstance(a, fx.Node) else None
         if isinstance(node, Node) and isinstance(val, torch.Tensor) and node not in out:
-            out[node] = tuple(val.stride())
+            out[node] = _sizes(val.stride())
     return out
 
 

@@ -23,16 +23,18 @@ from typing import Any, Union
 import torch
 
 from kiln.ir.checks import Check
+from kiln.ir.sizes import Size, is_symbolic, parse
+from kiln.ir.sizes import render as render_size
 from kiln.ir.tensor import dtype_name
 
-# A size, stride or offset. An int today; with symbolic shapes an expression over the
-# inputs' sizes. Only size_str renders one and only encode/decode serialize one.
-Size = int
+# A size, stride or offset: an int, or with a shape family an expression over its size
+# symbols (ir/sizes.py), which the program reads from its arguments at each call (SizeBinding).
+# Only size_str renders one (as Python) and only encode/decode serialize one (as text).
 FORMAT_VERSION = 1
 
 
 def size_str(s: Size) -> str:
-    return str(s)
+    return render_size(s, lang="python")
 
 
 def sizes_str(sizes: tuple[Size, ...]) -> str:
@@ -70,6 +72,16 @@ class InputSpec:
     shape: tuple[Size, ...]
     stride: tuple[Size, ...]
     device: str
+
+
+@dataclass(frozen=True)
+class SizeBinding:
+    """A size symbol of the shape family, read at each call: args[position] itself (an int
+    argument) or, with dim, its size along dim."""
+
+    symbol: str
+    position: int
+    dim: int | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,7 @@ class Launch:
     writes: tuple[str, ...]
     errors: tuple[int, int] | None = None
     aligned: bool = False
+    sizes: tuple[Size, ...] = ()  # the kernel's size parameters (Kernel.sizes), after the buffers
 
 
 @dataclass(frozen=True)
@@ -209,6 +222,7 @@ class HostProgram:
     checks: tuple[Check, ...] = ()
     # tensors (stored by value) and objects no name resolves; compared by name, not value
     constants: dict[str, Any] = field(default_factory=dict, compare=False)
+    sizes: tuple[SizeBinding, ...] = ()  # the shape family's symbols, read from the arguments
 
     def __str__(self) -> str:
         return program_str(self)
@@ -292,7 +306,8 @@ _INSTR_TEXT = {
     View: lambda i: f"{i.out} = view {i.base} {sizes_str(i.shape)} stride {sizes_str(i.stride)} "
     f"offset {size_str(i.offset)}",
     Launch: lambda i: f"launch {i.kernel}({', '.join(i.args)}) writes {', '.join(i.writes)}"
-    + _errors_str(i) + (" aligned" if i.aligned else ""),
+    + _errors_str(i) + (" aligned" if i.aligned else "")
+    + (f" sizes {sizes_str(i.sizes)}" if i.sizes else ""),
     CallAten: lambda i: f"{i.out} = call {i.op if isinstance(i.op, str) else i.op.name}("
     + ", ".join([_value_str(a) for a in i.args] + [f"{k}={_value_str(v)}" for k, v in i.kwargs]) + ")"
     + ("" if i.may_alias else " fresh"),
@@ -327,6 +342,8 @@ def _constant_str(value: Any) -> str:
 
 def program_str(p: HostProgram) -> str:
     lines = [f"host program on {p.device}, launchers take {p.launch_abi}, {p.num_args} args"]
+    lines.extend(f"size {b.symbol} = args[{b.position}]" + (f".size({b.dim})" if b.dim is not None else "")
+                 for b in p.sizes)
     for s in p.inputs:
         lines.append(f"input {s.name} = args[{s.position}] : {_layout_str(s.dtype, s.shape, s.stride)} "
                      f"on {s.device}")
@@ -412,6 +429,8 @@ def encode(value: Any) -> Any:
     non-JSON type a one-key dict naming it."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
+    if is_symbolic(value):
+        return {"size": str(value)}
     if isinstance(value, tuple):
         return [encode(v) for v in value]
     if isinstance(value, Check):
@@ -430,6 +449,8 @@ def decode(value: Any) -> Any:
         (tag, payload), = value.items()
         if tag == "check":
             return Check(*payload)
+        if tag == "size":
+            return parse(payload)
         return _DECODERS[tag](payload)
     return value
 
@@ -458,6 +479,7 @@ def to_dict(p: HostProgram) -> dict:
         "checks": encode(p.checks),
         "constants": sorted(p.constants),
         "body": [{"instr": type(ins).__name__, **_record(ins)} for ins in p.body],
+        "sizes": [_record(b) for b in p.sizes],
     }
 
 
@@ -490,6 +512,7 @@ def from_dict(data: dict, constants: bytes | None = None) -> HostProgram:
         inputs=tuple(build(InputSpec, r) for r in data["inputs"]), body=body,
         kernels=decode(data["kernels"]), arena=tuple(build(Slot, r) for r in data["arena"]),
         checks=decode(data["checks"]), constants={name: values[name] for name in data["constants"]},
+        sizes=tuple(build(SizeBinding, r) for r in data.get("sizes", ())),
     )
 
 

@@ -8,13 +8,16 @@ Values are named SSA-style; an accumulator becomes a plain value after its stage
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
+import sympy
 import torch
 
 from kiln.ir.checks import Check
 from kiln.ir.index import Expr, Sym
+from kiln.ir.sizes import Size, is_symbolic, simplify, size_symbol
 from kiln.ir.tensor import dtype_name
 
 
@@ -48,7 +51,7 @@ class InBounds:
 
     out: str
     index: Expr
-    size: int
+    size: Size
 
 
 @dataclass(frozen=True)
@@ -128,20 +131,23 @@ class Kernel:
     args: tuple[str, ...] = ()  # the host program's buffer passed for each param
     # what each Flag site reports; a kernel with checks takes its error buffer as its last param
     checks: tuple[Check, ...] = ()
+    # the size symbols of a shape family the kernel computes with, in the order of its size
+    # parameters (after the buffers), which its body names ks0, ks1, ... (size_params)
+    sizes: tuple[Size, ...] = ()
 
     @property
-    def outer_numel(self) -> int:
+    def outer_numel(self) -> Size:
         n = 1
         for s in self.outer:
             n *= s.extent
-        return n
+        return simplify(n)
 
     @property
-    def reduce_numel(self) -> int:
+    def reduce_numel(self) -> Size:
         n = 1
         for s in self.reduce:
             n *= s.extent
-        return n
+        return simplify(n)
 
     @property
     def is_reduction(self) -> bool:
@@ -190,7 +196,8 @@ def column_reduction(kernel: Kernel) -> bool:
     x, r = kernel.outer[-1], kernel.reduce[-1]
     loads = [s.index for st in kernel.stages for s in st.body if isinstance(s, Load)]
     along_rows = any(i.coef(r) == 1 for i in loads)
-    across_rows = any(i.coef(x) == 1 and i.coef(r) > 1 for i in loads)
+    # a shape family's stride (a size parameter) counts as more than 1
+    across_rows = any(i.coef(x) == 1 and (is_symbolic(i.coef(r)) or i.coef(r) > 1) for i in loads)
     return across_rows and not along_rows
 
 
@@ -219,9 +226,57 @@ def _stmt_str(s: Stmt) -> str:
     return f"store {s.buf}[{s.index}] = {s.value}"
 
 
+def size_param(k: int) -> sympy.Symbol:
+    return size_symbol(f"ks{k}")
+
+
+def size_params(kernel: Kernel) -> Kernel:
+    """The kernel with the shape family's symbols it computes with renamed ks0, ks1, ... (in
+    order of first use) and listed in Kernel.sizes: kernels of different graphs doing the
+    same work have one text, one source and one build, and take their sizes at launch."""
+    found: list[sympy.Symbol] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, sympy.Basic):
+            found.extend(s for s in sorted(value.free_symbols, key=str) if s not in found)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                collect(getattr(value, f.name))
+        elif isinstance(value, tuple):
+            for v in value:
+                collect(v)
+
+    collect(dataclasses.replace(kernel, sizes=(), checks=()))  # a check's size is for its message
+    if not found:
+        return kernel
+    mapping = {s: size_param(i) for i, s in enumerate(found)}
+    renamed = _rename(dataclasses.replace(kernel, sizes=(), checks=()), mapping)
+    return dataclasses.replace(renamed, sizes=tuple(found), checks=kernel.checks)
+
+
+def _rename(value: Any, mapping: dict) -> Any:
+    if isinstance(value, sympy.Basic):
+        return simplify(value.xreplace(mapping))
+    if isinstance(value, Expr):  # terms are sorted by their text, which renaming changes
+        from kiln.ir.index import as_expr
+
+        out = as_expr(_rename(value.const, mapping))
+        for atom, c in value.terms:
+            out = out + as_expr(_rename(atom, mapping)) * _rename(c, mapping)
+        return out
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {f.name: _rename(getattr(value, f.name), mapping) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, tuple):
+        return tuple(_rename(v, mapping) for v in value)
+    return value
+
+
 def kernel_str(k: Kernel) -> str:
     dims = lambda syms: ", ".join(f"{s.name} < {s.extent}" for s in syms)  # noqa: E731
     params = ", ".join(f"{'out ' if p.is_output else ''}{p.name}: {dtype_name(p.dtype)}" for p in k.params)
+    if k.sizes:
+        params += ", " + ", ".join(f"ks{i}: size" for i in range(len(k.sizes)))
     lines = [f"kernel {k.name}({params})", f"  outer: {dims(k.outer) or '()'}"]
     if k.reduce:
         lines.append(f"  reduce: {dims(k.reduce)}")

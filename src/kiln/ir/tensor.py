@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from kiln.ir.index import Sym
+from kiln.ir.sizes import Size, as_size, dense_strides, simplify
 
 
 class Op(enum.Enum):
@@ -32,7 +33,7 @@ class Op(enum.Enum):
 MATERIALIZED = (Op.INPUT, Op.EXTERN, Op.ITEM)
 
 
-def dim_syms(shape: tuple[int, ...], prefix: str = "d") -> tuple[Sym, ...]:
+def dim_syms(shape: tuple[Size, ...], prefix: str = "d") -> tuple[Sym, ...]:
     return tuple(Sym(f"{prefix}{i}", n) for i, n in enumerate(shape))
 
 
@@ -43,8 +44,8 @@ def value_sym(k: int) -> Sym:
 
 @dataclass(frozen=True)
 class Layout:
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
+    shape: tuple[Size, ...]
+    stride: tuple[Size, ...]
     dtype: torch.dtype
 
 
@@ -61,7 +62,7 @@ class Node:
     op: Op
     inputs: tuple[Node, ...]
     attrs: tuple[Any, ...]
-    shape: tuple[int, ...]
+    shape: tuple[Size, ...]  # ints, or expressions over the family's size symbols (ir/sizes.py)
     dtype: torch.dtype
     meta: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -69,11 +70,11 @@ class Node:
         return self.id
 
     @property
-    def numel(self) -> int:
+    def numel(self) -> Size:
         n = 1
         for s in self.shape:
             n *= s
-        return n
+        return simplify(n)
 
     @property
     def fn(self) -> str:
@@ -84,12 +85,8 @@ class Node:
         return f"%{self.id}"
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(strides))
+def contiguous_strides(shape: tuple[Size, ...]) -> tuple[Size, ...]:
+    return dense_strides(shape)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -155,6 +152,8 @@ class Graph:
     # None where it may be an input's. The compiled program must not hand out an input's
     # memory there, even when kiln computed no copy (cat with an empty part, clone).
     output_storage: list[int | None] = field(default_factory=list)
+    # (argument position, size symbol) of each int argument that is a size of the shape family
+    size_inputs: list[tuple[int, Any]] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [node_str(n) for n in self.nodes]
@@ -196,11 +195,11 @@ class Builder:
         op: Op,
         inputs: tuple[Node, ...],
         attrs: tuple,
-        shape: tuple[int, ...],
+        shape: tuple[Size, ...],
         dtype: torch.dtype,
         meta: dict | None = None,
     ) -> Node:
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(simplify(as_size(s)) for s in shape)
         key = (op, tuple(i.id for i in inputs), _attrs_key(attrs), shape, dtype)
         pure = op not in (Op.EXTERN, Op.INPUT)  # externs may be random or effectful
         if pure:

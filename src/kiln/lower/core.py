@@ -3,7 +3,6 @@ views as index maps, element-wise functions and reductions."""
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
@@ -12,6 +11,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 from kiln.ir import index as ix
 from kiln.ir.index import Expr
 from kiln.ir.ops import FLOAT_ONLY, POINTWISE_FNS, PREDICATES
+from kiln.ir.sizes import NeedsNumber, Size, as_size, is_symbolic, known_divides, known_eq, known_le, numel
 from kiln.ir.tensor import Builder, Node, Op, dim_syms
 
 
@@ -26,6 +26,10 @@ Scalar = int | float | bool
 def constant(b: Builder, value: Scalar | Node, dtype: torch.dtype, shape: tuple[int, ...] = ()) -> Node:
     if is_weak_scalar(value):  # a number read at run time
         return expand(b, cast(b, value, dtype), shape)
+    if is_symbolic(value):  # a size of the shape family (a mean's count): known at run time
+        if dtype is torch.bool:
+            raise NeedsNumber(f"the truth of the size {value}")
+        return b.make(Op.CONSTANT, (), (as_size(value),), shape, dtype)
     if dtype.is_floating_point:
         value = float(value)
     elif dtype is torch.bool:
@@ -59,14 +63,27 @@ def _promotion_sample(a: Node | Scalar) -> torch.Tensor | Scalar:
 
 
 # ----------------------------------------------------------------------------- views
-def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
-    return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
+def broadcast_shapes(*shapes: Sequence[Size]) -> tuple[Size, ...]:
+    if not any(is_symbolic(s) for shape in shapes for s in shape):
+        return tuple(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
+    ndim = max(len(s) for s in shapes)
+    out: list[Size] = []
+    for d in range(ndim):
+        sizes = [shape[len(shape) - ndim + d] for shape in shapes if len(shape) - ndim + d >= 0]
+        kept = [s for s in sizes if not (isinstance(s, int) and s == 1)]
+        if not kept:
+            out.append(1)
+        elif all(known_eq(s, kept[0]) for s in kept):
+            out.append(kept[0])
+        else:  # Dynamo's guards make equal sizes one symbol: these may differ
+            raise Unsupported(f"broadcast of sizes {sizes} that the shape family does not relate")
+    return tuple(out)
 
 
 def view(b: Builder, src: Node, index_map: Sequence[Expr], shape: Sequence[int],
          valid: tuple = (), fill: Scalar = 0) -> Node:
     """out[d] = src[index_map(d)]; composes with a view below it (views of views stay one map)."""
-    shape = tuple(int(s) for s in shape)
+    shape = tuple(as_size(s) for s in shape)
     index_map = tuple(index_map)
     out_syms = dim_syms(shape)
     if not valid and index_map == tuple(ix.as_expr(s) for s in out_syms) and shape == src.shape:
@@ -84,13 +101,16 @@ def view(b: Builder, src: Node, index_map: Sequence[Expr], shape: Sequence[int],
     return b.make(Op.VIEW, (src,), (index_map, tuple(valid), fill), shape, src.dtype)
 
 
-def expand(b: Builder, x: Node, shape: Sequence[int]) -> Node:
-    shape = tuple(int(s) for s in shape)
+def expand(b: Builder, x: Node, shape: Sequence[Size]) -> Node:
+    shape = tuple(as_size(s) for s in shape)
     if x.shape == shape:
         return x
     syms = dim_syms(shape)
     off = len(shape) - len(x.shape)
-    index_map = [ix.as_expr(syms[off + i]) if n == shape[off + i] else ix.as_expr(0)
+    for i, n in enumerate(x.shape):
+        if not known_eq(n, shape[off + i]) and not (isinstance(n, int) and n == 1):
+            raise Unsupported(f"expand of size {n} to {shape[off + i]}")
+    index_map = [ix.as_expr(syms[off + i]) if known_eq(n, shape[off + i]) else ix.as_expr(0)
                  for i, n in enumerate(x.shape)]
     return view(b, x, index_map, shape)
 
@@ -105,13 +125,16 @@ def permute(b: Builder, x: Node, perm: Sequence[int]) -> Node:
     return view(b, x, index_map, shape)
 
 
-def reshape(b: Builder, x: Node, shape: Sequence[int]) -> Node:
-    shape = list(int(s) for s in shape)
+def reshape(b: Builder, x: Node, shape: Sequence[Size]) -> Node:
+    shape = list(as_size(s) for s in shape)
     if -1 in shape:
-        known = math.prod(s for s in shape if s != -1)
-        shape[shape.index(-1)] = x.numel // known if known else 0
+        known = numel(tuple(s for s in shape if s != -1))
+        if is_symbolic(known) or is_symbolic(x.numel):
+            shape[shape.index(-1)] = _exact_quotient(x.numel, known)
+        else:
+            shape[shape.index(-1)] = x.numel // known if known else 0
     shape = tuple(shape)
-    if math.prod(shape) != x.numel:
+    if not known_eq(numel(shape), x.numel):
         raise Unsupported(f"reshape of {x.shape} to {shape} changes the element count")
     if shape == x.shape:
         return x
@@ -126,8 +149,8 @@ def reshape(b: Builder, x: Node, shape: Sequence[int]) -> Node:
         gi, gj = [i], [j]
         pi = x.shape[i] if i < len(x.shape) else 1
         pj = shape[j] if j < len(shape) else 1
-        while pi != pj:
-            if pi < pj:
+        while not known_eq(pi, pj):
+            if _smaller(pi, pj):
                 i += 1
                 gi.append(i)
                 pi *= x.shape[i]
@@ -150,11 +173,66 @@ def reshape(b: Builder, x: Node, shape: Sequence[int]) -> Node:
     return view(b, x, index_map, shape)
 
 
+def _smaller(a: Size, b: Size) -> bool:
+    """a < b, for the products of sizes a reshape's groups compare: where symbolic, the one
+    that divides the other is the smaller (sizes of a family are at least 2)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a < b
+    if known_divides(a, b):
+        return True
+    if known_divides(b, a):
+        return False
+    raise NeedsNumber(f"a reshape compares the sizes {a} and {b}")
+
+
+def _exact_quotient(n: Size, d: Size) -> Size:
+    from kiln.ir.sizes import exact_div
+
+    if not known_divides(d, n):
+        raise NeedsNumber(f"a reshape divides {n} by {d}")
+    return exact_div(n, d)
+
+
 def slice_(b: Builder, x: Node, dim: int, start: int, end: int, step: int = 1) -> Node:
     dim %= len(x.shape)
     n = x.shape[dim]
+    if is_symbolic(n) or is_symbolic(start) or is_symbolic(end):
+        return _symbolic_slice(b, x, dim, start, end, step)
     start, end, _ = slice(start, end, step).indices(n) if step > 0 else (start, end, step)
     length = max(0, (end - start + step - 1) // step)
+    return _sliced(b, x, dim, start, length, step)
+
+
+def _symbolic_slice(b: Builder, x: Node, dim: int, start, end, step: int) -> Node:
+    """A slice of a shape family's dimension: its bounds as sizes, clamped to [0, n] where
+    that is known for every size (else the slice needs a number)."""
+    from torch.utils._sympy.functions import FloorDiv
+
+    n = x.shape[dim]
+
+    def bound(v, default):
+        if v is None:
+            return default
+        if isinstance(v, int) and v >= 2**62:  # x[a:] is traced as end = sys.maxsize
+            return n
+        v = v + n if isinstance(v, int) and v < 0 else v
+        if known_le(v, n) and known_le(0, v):
+            return v
+        if isinstance(v, int) and v >= 0 or is_symbolic(v) and known_le(0, v):
+            if known_le(n, v):
+                return n
+        raise NeedsNumber(f"a slice [{start}:{end}] of a dimension of size {n}")
+
+    if not isinstance(step, int) or step <= 0:
+        raise NeedsNumber(f"a slice with step {step} of a dimension of size {n}")
+    lo, hi = bound(start, 0), bound(end, n)
+    if not known_le(lo, hi):
+        raise NeedsNumber(f"a slice [{start}:{end}] of a dimension of size {n}")
+    length = as_size(hi - lo) if step == 1 else as_size(FloorDiv(hi - lo + step - 1, step))
+    return _sliced(b, x, dim, lo, length, step)
+
+
+def _sliced(b: Builder, x: Node, dim: int, start, length, step: int) -> Node:
     shape = list(x.shape)
     shape[dim] = length
     syms = dim_syms(tuple(shape))
@@ -181,7 +259,7 @@ def squeeze(b: Builder, x: Node, dims: Sequence[int] | None) -> Node:
     if dims is None:
         dims = range(len(x.shape))
     dims = {d % max(len(x.shape), 1) for d in dims}
-    shape = tuple(s for i, s in enumerate(x.shape) if not (i in dims and s == 1))
+    shape = tuple(s for i, s in enumerate(x.shape) if not (i in dims and isinstance(s, int) and s == 1))
     return reshape(b, x, shape)
 
 

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from kiln.ir.sizes import as_size
 from kiln.ir.tensor import Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import Unsupported, cast, constant, pointwise, promote
@@ -204,10 +205,11 @@ def _in_memory_format(ctx: LowerCtx, value: Node, x: Node, memory_format) -> Nod
     src = ctx.arg_val(0)
     if memory_format in (None, torch.preserve_format) or val is None or src is None:
         return value
-    if same_strides(tuple(val.shape), tuple(val.stride()), tuple(src.stride())):
+    shape, stride = tuple(map(as_size, val.shape)), tuple(map(as_size, val.stride()))
+    if same_strides(shape, stride, tuple(map(as_size, src.stride()))):
         return value
     return ctx.b.make(Op.POINTWISE, (value,), ("cast",), value.shape, value.dtype,
-                      meta={REQUESTED_STRIDES: tuple(val.stride())})
+                      meta={REQUESTED_STRIDES: stride})
 
 
 @lowering(aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)

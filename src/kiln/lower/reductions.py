@@ -6,8 +6,9 @@ import math
 
 import torch
 
+from kiln.ir.sizes import NeedsNumber, is_symbolic, known_le, numel
 from kiln.lower.context import LowerCtx
-from kiln.lower.core import Unsupported, cast, pointwise, reduce, slice_
+from kiln.lower.core import Unsupported, cast, constant, pointwise, reduce, slice_
 from kiln.lower.registry import lowering
 
 aten = torch.ops.aten
@@ -22,7 +23,7 @@ def _dims(x, dim):
 def _count(x, dims) -> int:
     if dims is None or len(dims) == 0:
         return x.numel
-    return math.prod(x.shape[d % len(x.shape)] for d in dims) if x.shape else 1
+    return numel(tuple(x.shape[d % len(x.shape)] for d in dims)) if x.shape else 1
 
 
 @lowering(aten.sum.dim_IntList, aten.sum.default)
@@ -42,7 +43,8 @@ def _mean(ctx: LowerCtx, x, dim=None, keepdim=False, *, dtype=None):
     acc = torch.float32 if ctx.out_dtype in (torch.bfloat16, torch.float16) else ctx.out_dtype
     total = reduce(ctx.b, "sum", x, _dims(x, dim), keepdim, acc)
     n = _count(x, _dims(x, dim))
-    return pointwise(ctx.b, "div", total, float(n), out_dtype=ctx.out_dtype)
+    count = constant(ctx.b, n, acc) if is_symbolic(n) else float(n)  # a family's count: a size
+    return pointwise(ctx.b, "div", total, count, out_dtype=ctx.out_dtype)
 
 
 @lowering(aten.amax.default, aten.max.default)
@@ -96,12 +98,17 @@ def _shifted_mean(ctx: LowerCtx, xf, dims, n: int, acc: torch.dtype):
     ndim = len(xf.shape)
     reduced = list(range(ndim)) if dims is None or len(dims) == 0 else [d % ndim for d in dims]
     if n == 0 or ndim == 0:
-        return pointwise(ctx.b, "div", reduce(ctx.b, "sum", xf, dims, True, acc), float(n))
+        return pointwise(ctx.b, "div", reduce(ctx.b, "sum", xf, dims, True, acc), _number(ctx, n, acc))
     ref = xf
     for d in reduced:
         ref = slice_(ctx.b, ref, d, 0, 1)
     shifted = reduce(ctx.b, "sum", pointwise(ctx.b, "sub", xf, ref), dims, True, acc)
-    return pointwise(ctx.b, "add", ref, pointwise(ctx.b, "div", shifted, float(n)))
+    return pointwise(ctx.b, "add", ref, pointwise(ctx.b, "div", shifted, _number(ctx, n, acc)))
+
+
+def _number(ctx: LowerCtx, n, dtype: torch.dtype):
+    """A count as an operand: a float, or for a shape family's size a constant node of it."""
+    return constant(ctx.b, n, dtype) if is_symbolic(n) else float(n)
 
 
 def _var(ctx: LowerCtx, x, dim, correction, keepdim):
@@ -116,7 +123,12 @@ def _var(ctx: LowerCtx, x, dim, correction, keepdim):
     dev = pointwise(ctx.b, "sub", xf, mean)
     sq = reduce(ctx.b, "sum", pointwise(ctx.b, "mul", dev, dev), dims, keepdim, acc)
     correction = 1 if correction is None else correction
-    var = pointwise(ctx.b, "div", sq, float(max(n - correction, 0)))
+    if is_symbolic(n):  # a family's count: the divisor is positive where the size exceeds it
+        if not known_le(correction, n):
+            raise NeedsNumber(f"variance with correction {correction} over {n} elements")
+        var = pointwise(ctx.b, "div", sq, _number(ctx, n - correction, acc))
+    else:
+        var = pointwise(ctx.b, "div", sq, float(max(n - correction, 0)))
     mean_out = mean if keepdim else reduce_keepdim_drop(ctx, mean, dims, x)
     return var, mean_out
 

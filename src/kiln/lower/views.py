@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kiln.ir import index as ix
+from kiln.ir.sizes import NeedsNumber, shape_env
 from kiln.ir.tensor import dim_syms
 from kiln.lower import core
 from kiln.lower.context import LowerCtx
@@ -98,6 +99,8 @@ def _unbind(ctx: LowerCtx, x, dim=0):
 def _as_strided(ctx: LowerCtx, x, size, stride, storage_offset=None):
     """A strided view of x's storage: only when that storage is x itself, laid out row-major."""
     val = ctx.arg_val(0)
+    if shape_env() is not None:  # reading a symbolic storage's layout would add guards
+        raise NeedsNumber("as_strided of a tensor of a shape family")
     if val is None or not _owns_contiguous_storage(val) or x.numel == 0:
         raise Unsupported("as_strided of a tensor whose storage layout is not plain row-major")
     syms = dim_syms(tuple(size))

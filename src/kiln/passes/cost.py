@@ -19,6 +19,7 @@ import torch
 
 from kiln.ir.index import Expr
 from kiln.ir.kernel import Compute, Kernel, Load, Reduce, Store
+from kiln.ir.sizes import hint
 
 log = logging.getLogger("kiln")
 
@@ -174,24 +175,30 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
 # --- ATen calls (kiln's extern calls and eager's ops) -----------------------------------------
 
 
+def _size(s) -> int:
+    """A size as a number: a shape family's by its traced example, which (unlike int() of
+    a torch.SymInt) adds no guard: an estimate must never specialize a graph."""
+    return hint(s)
+
+
 def _numel(shape) -> int:
-    return math.prod(int(s) for s in shape)
+    return math.prod(_size(s) for s in shape)
 
 
 def _matmul_flops(args: list, out) -> float:
     """2MNK for a (batched) matmul: the output's elements times twice the shared dimension."""
     first = next(a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2)
-    return 2.0 * _numel(out.shape) * first.shape[-1]
+    return 2.0 * _numel(out.shape) * _size(first.shape[-1])
 
 
 def _addmm_flops(args: list, out) -> float:
-    return 2.0 * _numel(out.shape) * args[1].shape[-1]
+    return 2.0 * _numel(out.shape) * _size(args[1].shape[-1])
 
 
 def _attention_flops(args: list, out) -> float:
     """QK^T and PV: 4 * batch * heads * Lq * Lk * head dim."""
     q, k = args[0], args[1]
-    return 4.0 * _numel(q.shape[:-2]) * q.shape[-2] * k.shape[-2] * q.shape[-1]
+    return 4.0 * _numel(q.shape[:-2]) * _size(q.shape[-2]) * _size(k.shape[-2]) * _size(q.shape[-1])
 
 
 # op name (an overload packet's) -> FLOPs from the call's tensors (meta or real) and result

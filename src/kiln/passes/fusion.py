@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 from kiln.ir import index as ix
 from kiln.ir.ops import LIBRARY_MATH
+from kiln.ir.sizes import hint, known_le
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, dim_syms
 from kiln.passes.layout import node_label, same_strides
 
@@ -80,7 +81,7 @@ def _affine_view_of_buffer(n: Node, stored: dict[Node, str], layouts) -> Alias |
     if not linear.is_affine():
         return None
     stride = tuple(linear.coef(s) for s in dim_syms(n.shape))
-    if any(s < 0 for s in stride):
+    if not all(known_le(0, s) for s in (*stride, linear.const)):  # for every size of a family
         return None
     return Alias(base, n.shape, stride, linear.const)
 
@@ -302,7 +303,8 @@ def _consuming_kernels(n: Node, users: dict[Node, list[Node]], stored) -> list[N
 
 
 def _nbytes(n: Node) -> int:
-    return n.numel * n.dtype.itemsize
+    """Bytes of a value (a shape family's by its traced example: a choice of speed)."""
+    return hint(n.numel) * n.dtype.itemsize
 
 
 def _reads_besides(root: Node, skip: Node, stored) -> set[Node]:

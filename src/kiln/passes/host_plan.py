@@ -5,6 +5,7 @@ memory. Every kernel output gets new memory here; passes/memory.py then frees an
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from typing import Any
@@ -28,12 +29,14 @@ from kiln.ir.host import (
     Ref,
     Restride,
     Return,
+    SizeBinding,
     View,
     canonical,
     is_literal,
     op_name,
 )
-from kiln.ir.kernel import Kernel, kernel_str
+from kiln.ir.kernel import Kernel, kernel_str, size_params
+from kiln.ir.sizes import NeedsNumber, symbols
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.passes.fusion import Alias, KernelPlan, Schedule
 from kiln.passes.layout import is_non_overlapping, same_strides
@@ -136,7 +139,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             kern = kernels[id(step)]
             for root in step.roots:
                 b.body.append(Alloc(buffer_names[root], root.shape, layouts(root), root.dtype))
-            if kern.outer_numel > 0:  # an empty output needs no kernel
+            if kern.outer_numel != 0:  # an empty output needs no kernel
                 if kern.name not in launched:
                     launched[kern.name] = kernel_digest(kern)
                 args = tuple(a for a in kern.args if a != ERROR_PARAM)
@@ -145,7 +148,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                 start = error_offsets.get(id(step))
                 errors = (start, start + SLOTS_PER_CHECK * len(kern.checks)) if kern.checks else None
                 aligned = not any(_may_be_unaligned(by_name[a]) for a in args)
-                b.body.append(Launch(kern.name, args, writes, errors, aligned))
+                b.body.append(Launch(kern.name, args, writes, errors, aligned, size_params(kern).sizes))
         elif step.op is Op.EXTERN:
             _extern(b, step, step in layout_checked)
         elif step.op is Op.ITEM:
@@ -160,7 +163,30 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
     inputs = tuple(InputSpec(buffer_names[n], n.attrs[0], n.dtype, n.shape, tuple(n.attrs[1]), str(device))
                    for n in graph.nodes if n.op is Op.INPUT and n in buffer_names)
     return HostProgram(str(device), "pointers" if pass_pointers else "tensors", graph.num_inputs, inputs,
-                       tuple(b.body), tuple(launched.items()), (), tuple(checks), b.constants)
+                       tuple(b.body), tuple(launched.items()), (), tuple(checks), b.constants,
+                       _size_bindings(graph, b.body))
+
+
+def _size_bindings(graph, body) -> tuple[SizeBinding, ...]:
+    """Where each size symbol the program computes with is read at a call: an int argument
+    that is the symbol, else a tensor input's size that is it."""
+    used = symbols(*[getattr(ins, f.name) for ins in body for f in dataclasses.fields(ins)])
+    used |= symbols(*[(n.shape, n.attrs[1]) for n in graph.nodes if n.op is Op.INPUT])
+    if not used:
+        return ()
+    found: dict = {}
+    for position, size in getattr(graph, "size_inputs", ()):
+        if size in used:
+            found.setdefault(size, SizeBinding(str(size), position))
+    for n in graph.nodes:
+        if n.op is Op.INPUT:
+            for dim, size in enumerate(n.shape):
+                if size in used:
+                    found.setdefault(size, SizeBinding(str(size), n.attrs[0], dim))
+    missing = used - set(found)
+    if missing:
+        raise NeedsNumber(f"the sizes {sorted(map(str, missing))} are no argument's and no input's size")
+    return tuple(found[s] for s in sorted(found, key=str))
 
 
 def _extern(b: _Builder, step: Node, layout_checked: bool) -> None:

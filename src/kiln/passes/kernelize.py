@@ -16,6 +16,7 @@ from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, RULES, Check
 from kiln.ir.index import Expr, Sym
 from kiln.ir.kernel import compute_dtype
+from kiln.ir.sizes import known_le
 from kiln.ir.tensor import Node, Op, dim_syms, value_sym
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, reductions_below
 from kiln.passes.layout import (
@@ -64,7 +65,8 @@ class KernelEmitter:
         reduce_numel = 1
         for sym in self.reduce:
             reduce_numel *= sym.extent
-        self.use_scratch = bool(self.reduce) and reduce_numel <= row_scratch_limit
+        # a row kept in a local array must fit for every size of a shape family
+        self.use_scratch = bool(self.reduce) and known_le(reduce_numel, row_scratch_limit)
         # buffers the kernel loads; the values it stores it recomputes where it reads them
         self.read_buffers = self.buffer_names.keys() - set(plan.roots)
         self.keep_loaded_rows = keep_loaded_rows

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.ir import index as ix
+from kiln.ir.sizes import hint, known_eq, known_le, simplify
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, contiguous_strides, dim_syms
 
 # EXTERN meta key: {input position: the strides eager handed the ATen op for that argument}
@@ -23,13 +24,18 @@ REQUESTED_STRIDES = "requested_strides"
 
 def is_dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     """True when the strides are a permutation of a contiguous layout (no gaps, no overlap)."""
-    dims = sorted((st, sz) for st, sz in zip(stride, shape) if sz != 1)
+    # sizes of a shape family sort by their example's values; the equalities hold for all
+    dims = sorted(((st, sz) for st, sz in zip(stride, shape) if sz != 1), key=_by_hint)
     expected = 1
     for st, sz in dims:
-        if st != expected:
+        if not known_eq(st, expected):
             return False
-        expected *= sz
+        expected = simplify(expected * sz)
     return True
+
+
+def _by_hint(pair: tuple) -> tuple[int, int]:
+    return hint(pair[0]), hint(pair[1])
 
 
 def same_strides(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
@@ -37,17 +43,17 @@ def same_strides(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...])
     (never stepped along) do not matter, nor does anything when the tensor is empty."""
     if len(a) != len(b):
         return False
-    return 0 in shape or all(x == y for x, y, n in zip(a, b, shape) if n != 1)
+    return 0 in shape or all(known_eq(x, y) for x, y, n in zip(a, b, shape) if n != 1)
 
 
 def is_non_overlapping(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     """True when no two elements share an address (gaps allowed): a kernel can store each."""
-    dims = sorted((st, sz) for st, sz in zip(stride, shape) if sz != 1)
+    dims = sorted(((st, sz) for st, sz in zip(stride, shape) if sz != 1), key=_by_hint)
     extent = 1
     for st, sz in dims:
-        if st < extent:
+        if not known_le(extent, st):  # for every size of a shape family
             return False
-        extent = st * (sz - 1) + extent
+        extent = simplify(st * (sz - 1) + extent)
     return True
 
 
@@ -56,7 +62,7 @@ def dense_strides(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, 
     strides, acc = [0] * len(shape), 1
     for d in reversed(order):
         strides[d] = acc
-        acc *= max(shape[d], 1)
+        acc = simplify(acc * (shape[d] if not isinstance(shape[d], int) else max(shape[d], 1)))
     return tuple(strides)
 
 
@@ -70,10 +76,11 @@ def dim_order(shape: tuple[int, ...], operands: list[tuple[int, ...]]) -> tuple[
             s0, s1 = abs(strides[d0]), abs(strides[d1])  # a flipped view walks its dims alike
             if s0 == 0 or s1 == 0:
                 continue
-            if s0 != s1:
-                return -1 if s0 < s1 else 1
-            if shape[d0] != shape[d1]:
-                return 1 if shape[d0] > shape[d1] else -1
+            # a shape family's sizes compare by their example's values (a choice of speed)
+            if not known_eq(s0, s1):
+                return -1 if hint(s0) < hint(s1) else 1
+            if not known_eq(shape[d0], shape[d1]):
+                return 1 if hint(shape[d0]) > hint(shape[d1]) else -1
         return 0
 
     perm = list(reversed(range(len(shape))))  # innermost first, as ATen sorts it
@@ -240,7 +247,7 @@ def step_along(e: ix.Expr, sym: ix.Sym, syms: tuple[ix.Sym, ...]) -> int:
 def _order_along(e: ix.Expr, syms: tuple[ix.Sym, ...]) -> tuple[ix.Sym, ...] | None:
     """syms outermost first as access e walks memory (largest step outside), or None when e
     does not step along each of them (a broadcast read, a gathered index)."""
-    steps = {s: abs(step_along(e, s, syms)) for s in syms}
+    steps = {s: hint(abs(step_along(e, s, syms))) for s in syms}
     if 0 in steps.values():
         return None
     return tuple(sorted(syms, key=lambda s: -steps[s]))

@@ -32,6 +32,7 @@ from kiln.ir.host import (
     reads,
     refs,
 )
+from kiln.ir.sizes import is_symbolic
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,11 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
     out: list[Instr] = []
     pooled = freed = 0
     for k, ins in enumerate(body):
-        if isinstance(ins, Alloc) and ins.slot is None and ins.out not in returned and ins.out not in shared:
+        # the arena is fixed memory across calls: a shape family's temporaries vary, so they
+        # are allocated per call (and freed after their last read)
+        varying = arena and is_symbolic(extent(ins.shape, ins.stride)) if isinstance(ins, Alloc) else False
+        if isinstance(ins, Alloc) and ins.slot is None and ins.out not in returned and ins.out not in shared \
+                and not varying:
             key = Slot(ins.dtype, extent(ins.shape, ins.stride))
             if free_slots.get(key):
                 slot = free_slots[key].pop()

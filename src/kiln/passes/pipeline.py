@@ -43,7 +43,7 @@ from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
 from kiln.ir.checks import ERROR_PARAM
 from kiln.ir.host import HostProgram
-from kiln.ir.kernel import Kernel, kernel_str
+from kiln.ir.kernel import Kernel, kernel_str, size_params
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, plan_stores, schedule
 from kiln.passes.host_plan import build_host_program
@@ -90,6 +90,7 @@ class CompileReport:
     node_origins: dict = field(default_factory=dict)  # node id -> model code (decisions name nodes by id)
     launches: LaunchGraphs | None = None  # kept for the numerics check (compile_graph's check=True)
     numerics: Any = None  # tools/check.py's NumericsReport, once a checked first call ran
+    family: str = ""  # a program of a shape family: each size symbol, where it is read, its traced value
 
     @property
     def num_kernels(self) -> int:
@@ -201,10 +202,11 @@ def _compile_graph(
         report.host_program = host
         t.summary = plan.summary()
     with _Timer(report, "codegen") as t:
-        report.sources = {kern.name: backend.render(kern) for kern in report.kernels}
+        rendered = [size_params(kern) for kern in report.kernels]  # sizes become parameters
+        report.sources = {kern.name: backend.render(kern) for kern in rendered}
         t.summary = f"{sum(len(s) for s in report.sources.values())} bytes of {backend.language}"
     with _Timer(report, "build") as t:
-        kern_list = report.kernels
+        kern_list = rendered
         launchers, report.cache_hits = backend.build(kern_list, [report.sources[k.name] for k in kern_list])
         by_name = {kern.name: launch for kern, launch in zip(kern_list, launchers)}
         call, report.host_source = host_codegen.load_with_source(host, by_name)
@@ -270,7 +272,7 @@ def _name_by_content(kernels: dict[int, Kernel], sched: Schedule) -> dict[int, K
     plans, containers = {id(step): step for step in sched.steps}, container_modules(sched.graph)
     out = {}
     for key, kern in kernels.items():
-        text = kernel_str(kern)
+        text = kernel_str(size_params(kern))  # the shape family's symbols as ks0, ...
         if text not in names:
             names[text] = kernel_name(kernel_nodes(plans[key].roots, sched.stored), len(names), containers)
         name = names[text]

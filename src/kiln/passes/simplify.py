@@ -15,6 +15,7 @@ import torch
 
 from kiln.ir import index as ix
 from kiln.ir.ops import POINTWISE_FNS
+from kiln.ir.sizes import is_symbolic
 from kiln.ir.tensor import Builder, Graph, Node, Op, dim_syms
 from kiln.lower import core
 
@@ -22,7 +23,9 @@ Rule = Callable[[Builder, Node], "Node | None"]
 
 
 def _const(n: Node):
-    return n.attrs[0] if n.op is Op.CONSTANT else None
+    """A constant's number; None for other nodes and for a shape family's size (a value
+    known only at run time, which no rule may fold)."""
+    return n.attrs[0] if n.op is Op.CONSTANT and not is_symbolic(n.attrs[0]) else None
 
 
 def _is_const(n: Node, value) -> bool:
@@ -32,7 +35,7 @@ def _is_const(n: Node, value) -> bool:
 
 def fold_constants(b: Builder, n: Node) -> Node | None:
     """f(c1, c2, ...) == c when every operand is a constant: evaluated with torch, as eager would."""
-    if n.op is not Op.POINTWISE or not all(i.op is Op.CONSTANT for i in n.inputs):
+    if n.op is not Op.POINTWISE or not all(_const(i) is not None for i in n.inputs):
         return None
     operands = [torch.tensor(i.attrs[0], dtype=i.dtype) for i in n.inputs]
     value = POINTWISE_FNS[n.fn].eval(*operands).to(n.dtype).item()
@@ -261,8 +264,9 @@ def _rebuild(graph: Graph, rules: list[Rule]) -> tuple[Graph, dict[str, int]]:
                     break
         new[n] = node
     outputs = [new[o] if isinstance(o, Node) else o for o in graph.outputs]
-    return b.finish(outputs, graph.num_inputs, graph.output_strides, graph.output_fresh,
-                    graph.output_storage), fired
+    out = b.finish(outputs, graph.num_inputs, graph.output_strides, graph.output_fresh, graph.output_storage)
+    out.size_inputs = list(graph.size_inputs)
+    return out, fired
 
 
 def _live(graph: Graph) -> set[Node]:

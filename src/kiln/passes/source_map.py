@@ -169,7 +169,7 @@ def build_source_map(steps, stored, kernels: dict[int, object], buffer_names: di
         kinds[name] = kind
         entry = sites.setdefault(name, {})
         here = _sites(nodes)
-        if kind == "aten" or kernels[id(step)].outer_numel > 0:  # an empty kernel is not launched
+        if kind == "aten" or kernels[id(step)].outer_numel != 0:  # an empty kernel is not launched
             launches.setdefault(name, []).append(tuple(here))
         for s in here:
             entry[s] = None

@@ -25,6 +25,7 @@ import math
 
 import torch
 
+from kiln.ir.sizes import symbols
 from kiln.ir.tensor import Builder, Graph, Node, Op
 from kiln.lower.core import cast, pad, reshape
 from kiln.passes.simplify import simplify
@@ -54,6 +55,8 @@ def _split(b: Builder, n: Node, busy_programs: int, column_block: int) -> Node |
         return None
     kind, axes = n.attrs
     x = n.inputs[0]
+    if symbols(x.shape):  # chunks of a family's reduction would need its length; the
+        return None  # renderers sum long rows and columns in blocks (accuracy) anyway
     extent = math.prod(x.shape[a] for a in axes)
     rows = axes[-1] == len(x.shape) - 1
     programs = n.numel if rows else math.ceil(n.numel / column_block)

@@ -4,7 +4,9 @@
 An artifact holds the host program as data (host.json, and its tensor constants), the
 model's parameters and buffers (state.pt), the compiled kernels (C++ shared libraries) and a
 manifest naming the versions and machine they were built for and the inputs the program
-takes. It holds the shapes it was exported with: sizes are not symbolic in kiln's kernels yet.
+takes. Exported with dynamic_shapes (torch.export's), it holds one program for the shape
+family: the manifest names each dynamic dimension's symbol and range, and the loaded program
+refuses sizes outside them.
 """
 
 from __future__ import annotations
@@ -43,14 +45,13 @@ def export(fn_or_module: Callable, example_args: tuple, path: str | Path, dynami
     folder path; returns it."""
     from kiln.codegen.backends import get_backend
     from kiln.frontend.decompositions import decomposition_table
+    from kiln.ir import sizes
     from kiln.ir.host import constants_blob
+    from kiln.ir.kernel import size_params
     from kiln.options import Options
     from kiln.passes.pipeline import compile_graph
     from kiln.runtime import cache, cpp_build
 
-    if dynamic_shapes is not None:
-        raise NotImplementedError("kiln.export: an artifact holds the shapes it was exported with "
-                                  "(kiln's kernels do not take symbolic sizes yet); pass dynamic_shapes=None")
     example_args = tuple(example_args)
     tensors = [a for a in example_args if isinstance(a, torch.Tensor)]
     if len(tensors) != len(example_args):
@@ -59,8 +60,10 @@ def export(fn_or_module: Callable, example_args: tuple, path: str | Path, dynami
     if devices - {"cpu"}:
         raise NotImplementedError(f"kiln.export writes CPU programs; these inputs are on {sorted(devices)}")
     with torch.no_grad():
-        program = torch.export.export(_module_of(fn_or_module), example_args)
+        program = torch.export.export(_module_of(fn_or_module), example_args, dynamic_shapes=dynamic_shapes)
         program = program.run_decompositions(decomposition_table())
+    placeholders = [n for n in program.graph_module.graph.nodes if n.op == "placeholder"]
+    traced = [n.meta.get("val") for n in placeholders]  # fake tensors: symbolic where dynamic
     gm, signature = program.graph_module, program.graph_signature
     state_names, inputs = [], []
     user = iter(example_args)
@@ -77,9 +80,16 @@ def export(fn_or_module: Callable, example_args: tuple, path: str | Path, dynami
         raise NotImplementedError("kiln.export: the program updates buffers in place (e.g. batch norm "
                                   "in training mode); export the model in eval mode")
     backend = get_backend("cpp", Options())
-    _, report = compile_graph(gm, [x.detach() for x in inputs], backend)
+    env = _shape_env(traced) if dynamic_shapes is not None else None
+    if env is not None:  # one program for the family: the fake tensors carry its sizes
+        with sizes.family(env):
+            _, report = compile_graph(gm, list(traced), backend)
+    else:
+        _, report = compile_graph(gm, [x.detach() for x in inputs], backend)
     host = report.host_program
-    built = cpp_build.build_all([(report.sources[k.name], k.name, len(k.params)) for k in report.kernels])
+    size_counts = {k.name: len(size_params(k).sizes) for k in report.kernels}
+    built = cpp_build.build_all([(report.sources[k.name], k.name, (len(k.params), size_counts[k.name]))
+                                 for k in report.kernels])
 
     path = Path(path)
     if path.exists():
@@ -90,7 +100,8 @@ def export(fn_or_module: Callable, example_args: tuple, path: str | Path, dynami
         library = result.path.name
         if not (path / "kernels" / library).exists():
             shutil.copyfile(result.path, path / "kernels" / library)
-        kernels[kern.name] = {"library": library, "arguments": len(kern.params)}
+        kernels[kern.name] = {"library": library, "arguments": len(kern.params),
+                              "sizes": size_counts[kern.name]}
     (path / "host.json").write_text(json.dumps(host.to_dict(), indent=1))
     (path / "constants.pt").write_bytes(constants_blob(host))
     torch.save({name: t.detach().clone() for name, t in zip(state_names, inputs)}, path / "state.pt")
@@ -101,14 +112,41 @@ def export(fn_or_module: Callable, example_args: tuple, path: str | Path, dynami
         "device": "cpu",
         "machine": cache.cpu_model(),
         "state": state_names,
-        "inputs": [{"dtype": str(a.dtype), "shape": list(a.shape), "device": str(a.device)}
-                   for a in example_args],
+        "inputs": [{"dtype": str(a.dtype), "shape": _shape_entry(v, env), "device": str(a.device)}
+                   for a, v in zip(example_args, traced[len(state_names):])],
         "outputs": _output_structure(program.call_spec.out_spec),
         "kernels": kernels,
-        "shapes": "as exported (no symbolic sizes)",
+        "shapes": "one program for its shape family" if env is not None else "as exported",
     }
     (path / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return path
+
+
+def _shape_env(traced: list) -> Any:
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([v for v in traced if isinstance(v, torch.Tensor)])
+    return getattr(mode, "shape_env", None)
+
+
+def _shape_entry(value: Any, env: Any) -> list:
+    """An input's sizes for the manifest: an int, or for a dynamic dimension its symbol and
+    range ({"symbol": "s0", "min": 2, "max": 4096}; max None where unbounded)."""
+    from kiln.ir.sizes import as_size, is_symbolic
+
+    out: list = []
+    for s in value.shape:
+        size = as_size(s)
+        if not is_symbolic(size):
+            out.append(size)
+            continue
+        if not size.is_Symbol:
+            raise NotImplementedError(f"kiln.export: a dynamic dimension of size {size} (not one symbol)")
+        bounds = env.var_to_range.get(size) if env is not None else None
+        lo = int(bounds.lower) if bounds is not None and bounds.lower.is_finite else 0
+        hi = int(bounds.upper) if bounds is not None and bounds.upper.is_finite else None
+        out.append({"symbol": str(size), "min": lo, "max": hi})
+    return out
 
 
 def _output_structure(out_spec) -> str:
@@ -142,8 +180,9 @@ class LoadedProgram:
         if len(args) != len(expected):
             raise TypeError(f"kiln artifact {self.path.name} takes {len(expected)} inputs, got {len(args)}")
         inputs = []
+        bound: dict[str, tuple[int, int, int]] = {}  # symbol -> (size, input, dim) first seen
         for k, (a, spec) in enumerate(zip(args, expected)):
-            inputs.append(_checked(a, spec, k))
+            inputs.append(_checked(a, spec, k, bound))
         out = self._call([*self._state, *inputs])
         if self.manifest["outputs"] == "tensor":
             return out[0]
@@ -151,11 +190,11 @@ class LoadedProgram:
 
     def __repr__(self) -> str:
         inputs = self.manifest["inputs"]
-        shapes = ", ".join(f"{i['dtype'].removeprefix('torch.')}{i['shape']}" for i in inputs)
+        shapes = ", ".join(f"{i['dtype'].removeprefix('torch.')}{_shape_text(i['shape'])}" for i in inputs)
         return f"kiln artifact {self.path} ({shapes})"
 
 
-def _checked(a: Any, spec: dict, k: int) -> torch.Tensor:
+def _checked(a: Any, spec: dict, k: int, bound: dict | None = None) -> torch.Tensor:
     where = f"kiln artifact input {k}"
     if not isinstance(a, torch.Tensor):
         raise TypeError(f"{where} must be a tensor, got {type(a).__name__}")
@@ -164,12 +203,27 @@ def _checked(a: Any, spec: dict, k: int) -> torch.Tensor:
     if a.dim() != len(spec["shape"]):
         raise ValueError(f"{where} has {a.dim()} dimensions, the artifact was exported for "
                          f"{len(spec['shape'])} (shape {spec['shape']})")
-    if list(a.shape) != spec["shape"]:
-        raise ValueError(f"{where} has shape {list(a.shape)}, the artifact was exported for shape "
-                         f"{spec['shape']} only")
+    for d, (n, want) in enumerate(zip(a.shape, spec["shape"])):
+        if isinstance(want, dict):  # a dynamic dimension: within its range, equal where its symbol is
+            lo, hi = want["min"], want["max"]
+            if n < lo or (hi is not None and n > hi):
+                raise ValueError(f"{where} has size {n} in dimension {d}, outside the range "
+                                 f"[{lo}, {'inf' if hi is None else hi}] of {want['symbol']} the artifact "
+                                 "was exported for")
+            first = (bound if bound is not None else {}).setdefault(want["symbol"], (n, k, d))
+            if first[0] != n:
+                raise ValueError(f"{where} has size {n} in dimension {d}; input {first[1]} has size "
+                                 f"{first[0]} in dimension {first[2]}, the same size {want['symbol']}")
+        elif n != want:
+            raise ValueError(f"{where} has shape {list(a.shape)}, the artifact was exported for shape "
+                             f"{_shape_text(spec['shape'])} only")
     if str(a.device) != spec["device"]:
         raise ValueError(f"{where} is on {a.device}, the artifact runs on {spec['device']}")
     return a.contiguous()  # the kernels were compiled for the example's layout: contiguous
+
+
+def _shape_text(shape: list) -> str:
+    return "[" + ", ".join(s["symbol"] if isinstance(s, dict) else str(s) for s in shape) + "]"
 
 
 def load(path: str | Path) -> LoadedProgram:
@@ -198,7 +252,7 @@ def load(path: str | Path) -> LoadedProgram:
         if k["library"] not in libraries:
             libraries[k["library"]] = ctypes.CDLL(str(path / "kernels" / k["library"]))
         fn = getattr(libraries[k["library"]], name)
-        fn.argtypes = [ctypes.c_void_p] * k["arguments"]
+        fn.argtypes = [ctypes.c_void_p] * k["arguments"] + [ctypes.c_int64] * k.get("sizes", 0)
         fn.restype = None
         launchers[name] = fn
     call = host_codegen.load(host, launchers)

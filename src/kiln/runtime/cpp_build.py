@@ -127,15 +127,17 @@ def _load_library(path: Path, kernels: list[tuple[str, str, int]]) -> tuple[ctyp
     lib = ctypes.CDLL(str(path))
     fns = []
     for _, name, nargs in kernels:
+        pointers, sizes = nargs if isinstance(nargs, tuple) else (nargs, 0)
         fn = getattr(lib, name)
-        fn.argtypes = [ctypes.c_void_p] * nargs
+        fn.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * sizes  # sizes after the buffers
         fn.restype = None
         fns.append(fn)
     return lib, fns
 
 
 def build_all(jobs: list[tuple[str, str, int]]) -> list[BuildResult]:
-    """jobs: (kernel body, function name, number of pointer arguments) -> loaded functions,
+    """jobs: (kernel body, function name, number of pointer arguments or (pointers, sizes))
+    -> loaded functions,
     compiled as one translation unit per core."""
     if not jobs:
         return []

@@ -131,9 +131,27 @@ def input_components(example_inputs: list[Any]) -> dict[str, str]:
             })
         elif x is None or isinstance(x, (bool, int, float, str)):
             parts[f"input {k}"] = f"{type(x).__name__} {x!r}"
+        elif isinstance(x, torch.SymInt):
+            parts[f"input {k}"] = f"size {x.node.expr}"
         else:
             raise Uncacheable(f"input {k} of type {type(x).__name__}")
+    parts.update(_family_ranges(example_inputs))
     return parts
+
+
+def _family_ranges(example_inputs: list[Any]) -> dict[str, str]:
+    """The range of each size symbol of a shape family's inputs: a program compiled knowing a
+    size is at most 64 (say) must not serve a family without that bound."""
+    symbols: dict[str, Any] = {}
+    for x in example_inputs:
+        sizes = [x] if isinstance(x, torch.SymInt) else list(x.shape) + list(x.stride()) \
+            if isinstance(x, torch.Tensor) else []
+        for s in sizes:
+            if isinstance(s, torch.SymInt):
+                env = s.node.shape_env
+                for sym in s.node.expr.free_symbols:
+                    symbols[str(sym)] = env.var_to_range.get(sym)
+    return {f"size {name} range": str(r) for name, r in sorted(symbols.items())}
 
 
 @functools.cache

@@ -81,6 +81,8 @@ def report_text(report: CompileReport, show_kernels: bool = False, show_source: 
         lines.append(f"  {p.name:<15} {p.seconds * 1e3:8.1f} ms  {p.summary}")
     if report.partition is not None:
         lines.append(report.partition.text())
+    if getattr(report, "family", ""):  # one program for every size of the graph's shape family
+        lines.append(f"shape family: {report.family}")
     lines.append(f"kernels: {report.num_kernels}")
     for k in report.kernels:
         lines.append(f"  {kernel_summary(k)}")

@@ -1,0 +1,265 @@
+"""One program per shape family: a graph Dynamo traced with symbolic sizes is compiled once
+and serves every size of its family, equal to eager. Each test asserts the compile count,
+no per-shape fallback and no size kiln specialized."""
+
+import os
+
+import pytest
+import torch
+
+import kiln
+from tests.conftest import assert_same
+
+TRITON = os.environ.get("KILN_TARGET") == "triton"
+cpp_only = pytest.mark.skipif(TRITON, reason="the Triton renderer compiles shape families per shape")
+# sizes off every vector width, primes among them (1 is Dynamo's own program: see below)
+LENGTHS = (2, 3, 17, 64) if TRITON else (2, 3, 17, 64, 1000, 4097)
+HIDDEN = 8 if TRITON else 32
+
+
+def randn(*shape, seed=0, **kw):
+    g = torch.Generator().manual_seed(seed + sum(shape))
+    return torch.randn(*shape, generator=g, **kw)
+
+
+def assert_one_family(graphs: int = 1):
+    """kiln compiled `graphs` ATen graphs, each once for its family, and nothing per shape."""
+    s = kiln.stats()
+    if TRITON:  # the Triton renderer takes no size parameters yet: its families compile per shape
+        assert s.graphs_symbolic == 0 and not s.graphs_in_aten, s
+        assert all("triton renderer compiles per shape" in why for why in s.per_shape), s.per_shape
+        return
+    assert s.graphs_symbolic == graphs, s
+    assert s.graphs_compiled == graphs, s
+    assert not s.per_shape, s.per_shape
+    assert s.specialized == 0, s
+    assert not s.graphs_in_aten, s.graphs_in_aten
+
+
+@pytest.fixture(autouse=True)
+def fresh_stats():
+    torch._dynamo.reset()
+    kiln.reset_stats()
+
+
+def test_matmul_and_element_wise_serve_every_length():
+    w = randn(HIDDEN, HIDDEN, seed=1)
+
+    def f(x):
+        return torch.nn.functional.gelu(x @ w) * torch.sigmoid(x)
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in LENGTHS:
+        x = randn(5, n, HIDDEN)
+        assert_same(compiled(x), f(x))
+    assert_one_family()
+
+
+def test_reductions_over_a_symbolic_dim():
+    def f(x):
+        return torch.softmax(x, -1), x.sum(1), x.amax(-1), x.mean(-1, keepdim=True), torch.var(x, -1)
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in LENGTHS:
+        x = randn(5, HIDDEN, n)
+        assert_same(compiled(x), f(x))
+    assert_one_family()
+
+
+def test_layer_norm_forward_and_backward():
+    ln = torch.nn.LayerNorm(HIDDEN)
+    with torch.no_grad():
+        ln.weight.copy_(randn(HIDDEN, seed=2))
+        ln.bias.copy_(randn(HIDDEN, seed=3))
+
+    def f(x):
+        return ln(x)
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in LENGTHS:
+        x = randn(5, n, HIDDEN, requires_grad=True)
+        x_eager = x.detach().clone().requires_grad_()
+        grad = randn(5, n, HIDDEN, seed=4)
+        ln.zero_grad()
+        got = compiled(x)
+        got.backward(grad)
+        got_grads = [x.grad, ln.weight.grad.clone(), ln.bias.grad.clone()]
+        ln.zero_grad()
+        want = f(x_eager)
+        want.backward(grad)
+        assert_same(got, want)
+        tol = {"rtol": 1e-4, "atol": 1e-4}
+        for a, e in zip(got_grads, [x_eager.grad, ln.weight.grad, ln.bias.grad]):
+            assert_same(a, e, tol)
+    assert_one_family(graphs=2)  # the forward and the backward, once each
+
+
+def test_views_and_slices():
+    def f(x):
+        heads = x.view(x.shape[0], x.shape[1], 4, HIDDEN // 4).transpose(1, 2)
+        return heads * 2, x[:, 1:] + 1, x[:, :-1].sum(-1), x.reshape(-1, HIDDEN).relu()
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in LENGTHS[1:]:  # at 2, the slices have size 1, on which Dynamo's trace specializes
+        x = randn(5, n, HIDDEN)
+        assert_same(compiled(x), f(x))
+    assert_one_family()
+
+
+def test_mark_dynamic_makes_one_dimension_symbolic():
+    def f(x, y):
+        return torch.tanh(x) * y + x.sum(0)
+
+    compiled = kiln.compile(f)
+    for n in LENGTHS:
+        x, y = randn(5, n), randn(5, n, seed=1)
+        torch._dynamo.mark_dynamic(x, 1)
+        torch._dynamo.mark_dynamic(y, 1)
+        assert_same(compiled(x, y), f(x, y))
+    assert_one_family()
+
+
+@cpp_only
+def test_automatic_dynamic_compiles_the_family_after_one_shape_change():
+    def f(x):
+        return torch.exp(x) / x.abs().sum(-1, keepdim=True)
+
+    compiled = kiln.compile(f)
+    for n in LENGTHS:
+        x = randn(3, n)
+        assert_same(compiled(x), f(x))
+    s = kiln.stats()
+    # Dynamo traces the first shape statically, then the family once the shape changes
+    assert (s.graphs_compiled, s.graphs_symbolic, s.specialized) == (2, 1, 0), s
+    assert not s.per_shape, s.per_shape
+
+
+def test_a_symbolic_float_argument():
+    def f(x, scale, eps):
+        return x * scale / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+
+    compiled = kiln.compile(f, dynamic=True)
+    for k, n in enumerate(LENGTHS):
+        x = randn(5, n)
+        scale, eps = 0.5 + k, 1e-5 * (k + 1)
+        assert_same(compiled(x, scale, eps), f(x, scale, eps))
+    assert_one_family()
+
+
+@cpp_only
+def test_size_one_is_its_own_program():
+    def f(x):
+        return torch.relu(x) + x.sum(-1, keepdim=True)
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in (1, 2, 17, 1):
+        x = randn(5, n)
+        assert_same(compiled(x), f(x))
+    s = kiln.stats()
+    # Dynamo specializes size 1 (broadcasting depends on it): the family serves the rest
+    assert (s.graphs_compiled, s.graphs_symbolic, s.specialized) == (2, 2, 0), s
+    assert not s.per_shape, s.per_shape
+
+
+def test_per_shape_with_kiln_symbolic_0(monkeypatch):
+    monkeypatch.setenv("KILN_SYMBOLIC", "0")
+
+    def f(x):
+        return torch.relu(x) * 2
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in (2, 3, 17):
+        x = randn(5, n)
+        assert_same(compiled(x), f(x))
+    s = kiln.stats()
+    assert s.graphs_symbolic == 0 and s.graphs_compiled == 3, s
+    assert list(s.per_shape) == ["KILN_SYMBOLIC=0"], s.per_shape
+
+
+@cpp_only
+def test_the_family_is_listed_in_the_report():
+    from kiln.frontend.backend import REPORTS
+
+    def f(x):
+        return torch.sigmoid(x) + 1
+
+    compiled = kiln.compile(f, dynamic=True)
+    before = len(REPORTS)
+    x = randn(5, 17)
+    assert_same(compiled(x), f(x))
+    report = REPORTS[before]
+    assert "= args[" in report.family and "(traced 17)" in report.family, report.family
+    program = report.host_program
+    assert program.sizes and all(k.sizes for k in report.kernels) is not None
+    # the host program round-trips through its serialized form, sizes as text
+    from kiln.ir.host import HostProgram
+
+    assert HostProgram.from_dict(program.to_dict()) == program
+
+
+@cpp_only
+def test_explain_lists_the_shape_family():
+    def f(x):
+        return torch.tanh(x).sum(-1)
+
+    text = str(kiln.explain(f, randn(5, 17), options={"dynamic": True}))
+    assert "shape family: " in text and "(traced 17)" in text, text
+
+
+def test_training_with_varying_lengths_compiles_forward_and_backward_once():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(HIDDEN, 4, 2 * HIDDEN, dropout=0.0, batch_first=True)
+    reference = torch.nn.TransformerEncoderLayer(HIDDEN, 4, 2 * HIDDEN, dropout=0.0, batch_first=True)
+    reference.load_state_dict(layer.state_dict())
+    compiled = kiln.compile(layer, dynamic=True)
+    for n in LENGTHS[1:3]:
+        x = randn(5, n, HIDDEN)
+        got, want = compiled(x), reference(x)
+        got.sum().backward()
+        want.sum().backward()
+        assert_same(got, want, {"rtol": 1e-4, "atol": 1e-4})
+        for p, q in zip(layer.parameters(), reference.parameters()):
+            assert_same(p.grad, q.grad, {"rtol": 1e-3, "atol": 1e-4})
+    assert_one_family(graphs=2)
+
+
+@cpp_only
+def test_an_artifact_with_dynamic_shapes_serves_every_size_in_its_range(tmp_path):
+    from torch.export import Dim
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(HIDDEN, HIDDEN)
+
+        def forward(self, x):
+            return torch.nn.functional.gelu(self.lin(x)) * torch.softmax(x, -1)
+
+    model = Block().eval()
+    batch, length = Dim("batch", min=2, max=64), Dim("length", min=2, max=4096)
+    path = kiln.export(model, (randn(3, 5, HIDDEN),), tmp_path / "family",
+                       dynamic_shapes={"x": {0: batch, 1: length}})
+    loaded = kiln.load(path)
+    shape = loaded.manifest["inputs"][0]["shape"]
+    assert [d["min"] for d in shape[:2]] == [2, 2] and [d["max"] for d in shape[:2]] == [64, 4096], shape
+    for b, n in ((2, 2), (3, 17), (64, 4097 - 1), (7, 1000)):
+        x = randn(b, n, HIDDEN)
+        with torch.no_grad():
+            assert_same(loaded(x), model(x))
+    with pytest.raises(ValueError, match=r"input 0 has size 65 in dimension 0, outside the range \[2, 64\]"):
+        loaded(randn(65, 3, HIDDEN))
+
+
+@cpp_only
+def test_a_family_program_is_loaded_from_the_graph_cache():
+    def f(x):
+        return torch.softmax(x, -1) * 2
+
+    for attempt in range(2):  # Dynamo forgets the first program; kiln's graph cache keeps it
+        torch._dynamo.reset()
+        compiled = kiln.compile(f, dynamic=True)
+        for n in (3, 17):
+            x = randn(5, n)
+            assert_same(compiled(x), f(x))
+    s = kiln.stats()
+    assert (s.graphs_compiled, s.graphs_from_cache, s.graphs_symbolic) == (2, 1, 2), s
