@@ -192,3 +192,15 @@ def test_high_offsets_and_seeds_match_the_reference():
     assert report is not None and not [n for n in report.fallbacks if "philox" in n]
     assert torch.equal(u, philox.uniform(seed, 2**33 + 5 + torch.arange(64)).reshape(4, 16))
     assert_same(z, philox.normal(seed, 2**40 + torch.arange(64)), dict(rtol=1e-5, atol=1e-5))
+
+
+def test_shape_family_keeps_the_stream():
+    """Compiled once for symbolic sizes: offsets come from strides read at run time."""
+    compiled = kiln.compile(lambda x: torch.rand_like(x) + x, dynamic=True)
+    torch._dynamo.reset()
+    for rows in (6, 10):
+        x = torch.randn(rows, 24)
+        torch.manual_seed(rows)
+        out = compiled(x)
+        expected = philox.uniform(_seed_after(rows), torch.arange(x.numel())).reshape(x.shape) + x
+        assert torch.equal(out, expected)
