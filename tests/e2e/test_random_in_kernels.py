@@ -204,3 +204,14 @@ def test_shape_family_keeps_the_stream():
         out = compiled(x)
         expected = philox.uniform(_seed_after(rows), torch.arange(x.numel())).reshape(x.shape) + x
         assert torch.equal(out, expected)
+
+
+def test_float64_numbers_stay_in_aten():
+    """Philox numbers are float32; eager's float64 rand has 53 random bits: left to ATen."""
+    x = torch.randn(4, 8, dtype=torch.float64)
+    torch.manual_seed(9)
+    expected = torch.rand_like(x) + x
+    torch.manual_seed(9)
+    out, report = run_compiled(lambda x: torch.rand_like(x) + x, x)
+    assert torch.equal(out, expected)
+    assert [name for name in report.fallbacks if "rand" in name]

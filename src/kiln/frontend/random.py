@@ -82,14 +82,17 @@ def random_decompositions() -> dict:
                 return NotImplemented
             if memory_format is torch.preserve_format and not x.is_contiguous():
                 return NotImplemented  # eager returns x's strides: left to ATen
+            if not _float32_enough(dtype or x.dtype):
+                return NotImplemented
             return numbers(x.shape, device or x.device, kind, dtype or x.dtype)
         return fn
 
     def fresh(kind: int) -> Callable:
         def fn(size, *, dtype=None, layout=None, device=None, pin_memory=None):
-            if layout not in (None, torch.strided):
+            dtype = dtype or torch.get_default_dtype()
+            if layout not in (None, torch.strided) or not _float32_enough(dtype):
                 return NotImplemented
-            return numbers(size, device, kind, dtype or torch.get_default_dtype())
+            return numbers(size, device, kind, dtype)
         return fn
 
     def native_dropout(x, p, train):
@@ -129,6 +132,11 @@ def random_decompositions() -> dict:
         aten.bernoulli.p: bernoulli_p,
         aten.bernoulli.Tensor: bernoulli_tensor,
     }
+
+
+def _float32_enough(dtype: torch.dtype) -> bool:
+    """Philox numbers are float32: float64 ones (53 random bits in eager) stay in ATen."""
+    return dtype in (torch.float32, torch.bfloat16, torch.float16)
 
 
 # ----------------------------------------------------------------------------- partitioning
