@@ -22,7 +22,7 @@ from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
 from kiln.frontend.linear_xent import rewrite_linear_cross_entropy
 from kiln.frontend.partition import PartitionSummary, partition
-from kiln.frontend.random import random_decompositions
+from kiln.frontend.random import draw_seeds_once, random_decompositions
 from kiln.ir import sizes
 from kiln.ir.checks import RAISED_AS_EAGER
 from kiln.lower.core import Unsupported
@@ -503,6 +503,7 @@ def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: O
     captured = rewrite_captured_attention(gm) + rewrite_linear_cross_entropy(gm)
 
     def fw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
+        draw_seeds_once(g)
         if family:
             return compile_family_graph(g, inputs, options, splits[-1] if splits else None, captured)
         return compile_aten_graph(g, inputs, options, splits[-1] if splits else None, captured)

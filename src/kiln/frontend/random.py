@@ -29,11 +29,16 @@ SEED_BOUND = 2**62
 
 _lib = torch.library.Library("kiln", "FRAGMENT")
 _lib.define("seed(Device device, int stream) -> Tensor", tags=(torch.Tag.nondeterministic_seeded,))
+_lib.define("seeds(Device device, int count) -> Tensor", tags=(torch.Tag.nondeterministic_seeded,))
 _lib.define("philox(Tensor seed, SymInt offset, SymInt[] size, int kind) -> Tensor")
 
 
 def _seed(device: torch.device, stream: int) -> torch.Tensor:
     return torch.randint(0, SEED_BOUND, (), dtype=torch.int64, device=device)
+
+
+def _seeds(device: torch.device, count: int) -> torch.Tensor:
+    return torch.randint(0, SEED_BOUND, (count,), dtype=torch.int64, device=device)
 
 
 def _philox(seed: torch.Tensor, offset: int, size: list[int], kind: int) -> torch.Tensor:
@@ -47,6 +52,7 @@ def _philox(seed: torch.Tensor, offset: int, size: list[int], kind: int) -> torc
 
 
 _lib.impl("seed", _seed, "CompositeExplicitAutograd")
+_lib.impl("seeds", _seeds, "CompositeExplicitAutograd")
 _lib.impl("philox", _philox, "CompositeExplicitAutograd")
 
 
@@ -55,12 +61,18 @@ def _seed_fake(device, stream):
     return torch.empty((), dtype=torch.int64, device=device)
 
 
+@torch.library.register_fake("kiln::seeds")
+def _seeds_fake(device, count):
+    return torch.empty((count,), dtype=torch.int64, device=device)
+
+
 @torch.library.register_fake("kiln::philox")
 def _philox_fake(seed, offset, size, kind):
     return seed.new_empty(size, dtype=torch.float32)
 
 
 SEED_OP = torch.ops.kiln.seed.default
+SEEDS_OP = torch.ops.kiln.seeds.default
 PHILOX_OP = torch.ops.kiln.philox.default
 
 
@@ -146,3 +158,32 @@ def recompute_random_numbers(joint: fx.GraphModule) -> None:
     for n in joint.graph.nodes:
         if n.op == "call_function" and n.target is PHILOX_OP:
             n.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+
+
+# ----------------------------------------------------------------------------- one draw per call
+def draw_seeds_once(gm: fx.GraphModule) -> None:
+    """A forward graph's seeds drawn by one ATen call per device (kiln::seeds, one int64 per
+    random op) instead of one call per op: the k-th op's seed is element k of the draw."""
+    groups: dict[str, list[fx.Node]] = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is SEED_OP:
+            groups.setdefault(str(n.args[0]), []).append(n)
+    for nodes in groups.values():
+        if len(nodes) < 2:
+            continue
+        first = nodes[0]
+        with gm.graph.inserting_before(first):
+            draws = gm.graph.call_function(SEEDS_OP, (first.args[0], len(nodes)))
+        val = first.meta.get("val")
+        mode = getattr(val, "fake_mode", None)
+        if mode is not None:
+            with mode:
+                draws.meta["val"] = torch.empty((len(nodes),), dtype=torch.int64, device=val.device)
+        for k, n in enumerate(nodes):
+            with gm.graph.inserting_before(n):
+                pick = gm.graph.call_function(aten.select.int, (draws, 0, k))
+            pick.meta = dict(n.meta)
+            n.replace_all_uses_with(pick)
+            gm.graph.erase_node(n)
+    if any(len(nodes) > 1 for nodes in groups.values()):
+        gm.recompile()
