@@ -31,10 +31,12 @@ class Backend:
     column_block: int = 1
     # launch-bound matmuls with a bias become mm + a fused bias add (frontend/addmm.py)
     split_small_addmm: bool = False
+    # independent point-wise kernels one launch runs (ir/group.py); below 2, none are grouped
+    group_members: int = 0
 
 
 def _cpp(options) -> Backend:
-    from kiln.codegen import cpp
+    from kiln.codegen import cpp, cpp_group
     from kiln.runtime import cpp_build
 
     def build(kernels, sources):
@@ -44,13 +46,13 @@ def _cpp(options) -> Backend:
 
     # on a CPU a re-read row comes from L1: keeping a plain load would only add a store
     # a reduction to a few values would run on one core: split it, a few chunks per thread
-    return Backend("cpp", "C++", cpp.render_kernel, build, True, cpp.ROW_SCRATCH_LIMIT, False,
-                   busy_programs=4 * torch.get_num_threads(), column_block=cpp.COLUMN_BLOCK)
+    return Backend("cpp", "C++", cpp_group.render, build, True, cpp.ROW_SCRATCH_LIMIT, False,
+                   busy_programs=4 * torch.get_num_threads(), column_block=cpp.COLUMN_BLOCK, group_members=64)
 
 
 def _triton(options) -> Backend:
     from kiln.codegen import triton as tr
-    from kiln.codegen import triton_math
+    from kiln.codegen import triton_group, triton_math
     from kiln.runtime import triton_build
 
     def build(kernels, sources):
@@ -60,8 +62,8 @@ def _triton(options) -> Backend:
 
     unsupported = triton_math.INTERPRETER_UNSUPPORTED if triton_math.INTERPRETED else frozenset()
     # a persistent row lives in registers: keeping it is free, re-reading it is not
-    return Backend("triton", "Triton", tr.render_source, build, False, tr.PERSISTENT_MAX, True, unsupported,
-                   tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True)
+    return Backend("triton", "Triton", triton_group.render_source, build, False, tr.PERSISTENT_MAX, True,
+                   unsupported, tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True, group_members=16)
 
 
 _FACTORIES = {"cpp": _cpp, "triton": _triton}

@@ -544,6 +544,11 @@ class _Renderer:
                 raise CppUnsupported(f"dtype {p.dtype}")
         self.emit(0, f'extern "C" void {kern.name}({params}) {{')
         self.error_locals()
+        hoisted = _loop_invariant(kern) if not kern.reduce else set()
+        for stage in kern.stages:  # once, before the loops (an optimizer's bias corrections)
+            for s in stage.body:
+                if id(s) in hoisted:
+                    self.stmt(s, 1)
         row = kern.reduce_numel if is_symbolic(kern.reduce_numel) else max(kern.reduce_numel, 1)
         work = kern.outer_numel * row
         parallel = _at_least(work, PARALLEL_MIN_WORK) and _at_least(kern.outer_numel, 2)
@@ -575,13 +580,31 @@ class _Renderer:
                 self.loop_stage(stage, depth)
             else:
                 for s in stage.body:
-                    self.stmt(s, depth)
+                    if id(s) not in hoisted:
+                        self.stmt(s, depth)
         for _ in range(len(par_dims) + len(simd_outer)):
             depth -= 1
             self.emit(depth, "}")
         self.report_errors()
         self.emit(0, "}")
         return "\n".join(self.lines)
+
+
+def _loop_invariant(kernel: k.Kernel) -> set[int]:
+    """The statements (by id) of a point-wise kernel that compute the same value at every
+    point: loads at a constant index, constants, and what is computed from those alone."""
+    written = {p.name for p in kernel.params if p.is_output}
+    invariant: set[str] = set()
+    found: set[int] = set()
+    for stage in kernel.stages:
+        for s in stage.body:
+            constant_load = (isinstance(s, k.Load) and s.mask is None and s.buf not in written
+                             and not s.index.symbols())
+            computed = isinstance(s, k.Compute) and all(a in invariant for a in s.args)
+            if constant_load or computed or isinstance(s, k.Const):
+                invariant.add(s.out)
+                found.add(id(s))
+    return found
 
 
 def render_kernel(kernel: k.Kernel) -> str:

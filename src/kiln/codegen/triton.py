@@ -640,11 +640,17 @@ def row_tiled(kernel: k.Kernel) -> bool:
 
 def _tiled_extent(kernel: k.Kernel) -> int:
     """The points an element-wise kernel's XBLOCK tiles: a line's, or the whole domain's."""
+    members = getattr(kernel, "members", ())
+    if members:  # a group (ir/group.py): its largest member's
+        return max(m.outer_numel for m in members)
     return kernel.outer[-1].extent if row_tiled(kernel) else kernel.outer_numel
 
 
 def grid(kernel: k.Kernel, config: tuple[int, int, int]) -> tuple[int, int, int]:
     xblock = config[0]
+    members = getattr(kernel, "members", ())
+    if members:  # a group (codegen/triton_group.py): its members' programs one after another
+        return (sum((m.outer_numel + xblock - 1) // xblock for m in members), 1, 1)
     if row_tiled(kernel):
         inner = kernel.outer[-1].extent
         return ((inner + xblock - 1) // xblock, kernel.outer_numel // inner, 1)

@@ -214,6 +214,9 @@ class _FirstCallChecked:
         if self.checked:
             return self.fn(args)
         kept = list(args)  # a boxed program may clear the list it is given
+        # kernels may have updated inputs in place before the failure: the rerun in ATen
+        # must start from their values before the call
+        updated = {i: kept[i].clone() for i in _updated_inputs(self.gm) if isinstance(kept[i], torch.Tensor)}
         try:
             out = self.fn(args)
         except Exception as e:  # noqa: BLE001 - the user's program must still run
@@ -221,10 +224,20 @@ class _FirstCallChecked:
                 raise
             reason = f"the compiled program failed at its first call: {type(e).__name__}: {e}"
             errors.record(errors.Fallback("graph", getattr(e, "fallback_kind", "internal"), reason))
+            for i, before in updated.items():
+                kept[i].copy_(before)
             self.fn = make_boxed_func(self.gm.forward)
             out = self.fn(kept)
         self.checked = True
         return out
+
+
+def _updated_inputs(gm: fx.GraphModule) -> list[int]:
+    """The positions of the inputs the graph updates (AOTAutograd's copy_ into them)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    targets = {n.args[0] for n in gm.graph.nodes
+               if n.op == "call_function" and n.target is torch.ops.aten.copy_.default}
+    return [i for i, n in enumerate(placeholders) if n in targets]
 
 
 def _untraced(fn: Callable) -> Callable:
@@ -534,4 +547,8 @@ def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: O
         partition_fn=partition_fn,
         decompositions=decomposition_table() if options.eager_random
         else {**decomposition_table(), **random_decompositions()},
+        # an inference graph's updates of its inputs (an optimizer step) stay in the graph, as
+        # copy_ calls that kernels then write in place; a CUDA graph replays its recording on
+        # copies of the inputs, so there AOTAutograd's wrapper copies the updates back instead
+        keep_inference_input_mutations=options.mode != "reduce-overhead",
     )

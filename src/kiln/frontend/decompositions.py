@@ -13,6 +13,8 @@ import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._decomp.decompositions import native_batch_norm_helper
 
+from kiln.frontend.foreach import foreach_decompositions
+
 aten = torch.ops.aten
 
 # Composite ops turned into element-wise math and reductions that fuse.
@@ -81,6 +83,7 @@ def decomposition_table() -> dict:
     table[aten.addcmul.default] = _integer_value_truncated(table[aten.addcmul.default])
     table[aten.take.default] = _take
     table[aten.frac.default] = _frac
+    table.update(foreach_decompositions())
     for op in KEEP:
         table.pop(op, None)
     return table

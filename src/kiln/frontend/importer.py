@@ -32,6 +32,7 @@ NODES_PER_OP_LIMIT = 1024
 _HIGHER_ORDER = ("higher-order ops (scans, loops, conditionals) run in ATen until kiln lowers them: "
                  "traced, their bodies would be unrolled once per step")
 _EFFECTFUL = "has side effects (an assert, a print, a mutation, a random draw, a wait): runs in ATen"
+_INPUT_UPDATE = "an update of a graph input: its kernel writes it in place where that is safe"
 _VENDOR = "runs in ATen by design: vendor BLAS/DNN kernels win here"
 _COLLECTIVE = "a collective or its wait: runs in the communication library (c10d), in program order"
 EXTERN_BY_DESIGN = {op: _VENDOR for op in (
@@ -253,6 +254,10 @@ def _lower_call(
     if effectful:  # kernels have no effects: it runs in ATen, where the program order puts it
         fn, reason = None, EXTERN_BY_DESIGN.get(n.target, _EFFECTFUL)
     by_design = n.target in EXTERN_BY_DESIGN or effectful
+    # AOTAutograd's copy_ of an input's update: passes/in_place.py writes it in place or keeps it
+    input_update = n.target is aten.copy_.default and isinstance(args[0], Node) and args[0].op is Op.INPUT
+    if input_update:
+        reason = _INPUT_UPDATE
     if isinstance(n.target, torch._ops.HigherOrderOperator):
         fn, reason, by_design = None, _HIGHER_ORDER, True
     if getattr(n.target, "namespace", None) == "_c10d_functional":
@@ -293,6 +298,8 @@ def _lower_call(
             b.limit_growth(None)
     if reads_number:  # an ATen call takes it as a number, not as the tensor it is here
         raise Unsupported(f"{name} runs in ATen and takes a number read from a tensor at run time")
+    if input_update:
+        return _extern(b, n.target, args, kwargs, val, reason, effectful, _eager_arg_strides(n, env))
     if name not in fallbacks and not reason.startswith("lowering failed"):
         kind = "by design" if by_design else "unsupported"
         errors.record(errors.Fallback("op", kind, reason, name))

@@ -273,6 +273,9 @@ def _rename(value: Any, mapping: dict) -> Any:
 
 
 def kernel_str(k: Kernel) -> str:
+    members = getattr(k, "members", ())  # a group (ir/group.py): its members, each as a kernel
+    if members:
+        return "\n".join([f"group {k.name}({len(members)} kernels)"] + [kernel_str(m) for m in members])
     dims = lambda syms: ", ".join(f"{s.name} < {s.extent}" for s in syms)  # noqa: E731
     params = ", ".join(f"{'out ' if p.is_output else ''}{p.name}: {dtype_name(p.dtype)}" for p in k.params)
     if k.sizes:

@@ -134,6 +134,14 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
     between stages (a CPU thread's row stays in its core's L2; on a GPU, 0: rows a Triton
     kernel keeps live in registers as scratch, which the kernel IR already shows as such).
     FLOPs: one per element-wise op or reduction step per iteration of its stage."""
+    members = getattr(kernel, "members", ())
+    if members:  # a group (ir/group.py): its members' work, one launch
+        parts = [kernel_cost(m, ceilings) for m in members]
+        busy = sum(c.seconds for c in parts) - len(parts) * ceilings.kernel_launch_s
+        bound = "launch" if ceilings.kernel_launch_s > busy else parts[0].bound
+        return Cost(kernel.name, sum(c.must_move for c in parts), sum(c.moves for c in parts),
+                    sum(c.flops for c in parts), 1, ceilings.kernel_launch_s + busy,
+                    sum(c.floor_s for c in parts), bound)
     scratch = {s.name for s in kernel.scratch}
     extents = {s.name: s.extent or 1 for s in (*kernel.outer, *kernel.reduce)}
     reduce_names = {s.name for s in kernel.reduce}

@@ -39,6 +39,7 @@ from kiln.ir.kernel import Kernel, kernel_str, size_params
 from kiln.ir.sizes import NeedsNumber, symbols
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.passes.fusion import Alias, KernelPlan, Schedule
+from kiln.passes.in_place import input_updates
 from kiln.passes.layout import is_non_overlapping, same_strides
 
 
@@ -125,7 +126,10 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
     """The host program, before memory planning."""
     graph = schedule.graph
     b = _Builder(schedule, buffer_names, layouts)
-    by_name = {name: node for node, name in buffer_names.items()}
+    # a kernel storing an input's update (passes/in_place.py) names its result as the input
+    by_name = {name: node for node, name in buffer_names.items() if node.op is not Op.INPUT}
+    by_name.update({name: node for node, name in buffer_names.items() if node.op is Op.INPUT})
+    input_names = {name for node, name in buffer_names.items() if node.op is Op.INPUT}
     checks, error_offsets = _error_checks(schedule, kernels)
     reads_by_step = [_step_reads(s, schedule, kernels, by_name) for s in schedule.steps]
     # Kernels and strided views read ATen results with the strides PyTorch's shape functions
@@ -134,10 +138,14 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                       for r in reads}
     layout_checked |= {a.base for a in schedule.aliases.values()}
     launched: dict[str, str] = {}
+    # an input's update left as a copy_ runs after the outputs are taken, as AOTAutograd's did
+    updates = [u.step for u in input_updates(schedule)]
     for step in schedule.steps:
+        if any(step is u for u in updates):
+            continue
         if isinstance(step, KernelPlan):
             kern = kernels[id(step)]
-            for root in step.roots:
+            for root in (r for r in step.roots if buffer_names[r] not in input_names):
                 b.body.append(Alloc(buffer_names[root], root.shape, layouts(root), root.dtype))
             if kern.outer_numel != 0:  # an empty output needs no kernel
                 if kern.name not in launched:
@@ -157,6 +165,8 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             if step in layout_checked:
                 b.body.append(EnsureLayout(name, name, step.shape, layouts(step), step.dtype))
     values = _outputs(b)
+    for step in updates:
+        _extern(b, step, False)
     if checks:
         b.body.append(CheckErrors())
     b.body.append(Return(tuple(values)))

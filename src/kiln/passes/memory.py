@@ -88,8 +88,10 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
     returned = _returned(body)
     shared = {root.get(r, r) for ins in body if isinstance(ins, CallAten) and ins.may_alias
               for r in reads(ins)}
-    # reading a view reads the buffer under it: both stay alive
-    reads_at = [{x for r in reads(ins) for x in (r, root.get(r, r))} for ins in body]
+    # reading a view reads the buffer under it: both stay alive; a kernel writing an input
+    # (its update, in place) needs it alive too
+    reads_at = [{x for r in (*reads(ins), *getattr(ins, "writes", ())) for x in (r, root.get(r, r))}
+                for ins in body]
     last_read: dict[str, int] = {}
     for k, names in enumerate(reads_at):
         for name in names:

@@ -9,6 +9,8 @@
     fuse        kernels: element-wise inlined, reductions fused into consumers, merges
     kernelize   kernel IR for each kernel (a reduction read off its row is stored instead);
                 kernels with the same text share one name and one build
+    in place    kernels store the updates of graph inputs (an optimizer's parameters) into them
+    group       independent point-wise kernels run as one launch, as a foreach op
     overlap     collectives issued as early as their inputs allow, waited for where needed
     host        the host program as data (ir/host.py): allocations, launches, ATen calls,
                 the outputs in eager's layouts
@@ -45,8 +47,10 @@ from kiln.ir.checks import ERROR_PARAM
 from kiln.ir.host import HostProgram
 from kiln.ir.kernel import Kernel, kernel_str, size_params
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op
+from kiln.passes.foreach import group_kernels
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, plan_stores, schedule
 from kiln.passes.host_plan import build_host_program
+from kiln.passes.in_place import write_in_place
 from kiln.passes.kernelize import emit_kernel, transposing_copy
 from kiln.passes.layout import LayoutChoice, Layouts
 from kiln.passes.memory import plan_memory
@@ -177,6 +181,12 @@ def _compile_graph(
     with _Timer(report, "fuse+kernelize") as t:
         sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend)
         names = buffer_names_for(graph, sched.stored)
+        updates = write_in_place(sched, kernels, names, layouts, lambda plan, trial: emit_kernel(
+            "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows))
+        kernels = _name_by_content(kernels, sched)
+        groups = group_kernels(sched, kernels, backend.group_members)
+        kernels = _name_by_content(kernels, sched)
+        sched.decisions.extend(updates + groups)
         for step in sched.steps:
             copy = transposing_copy(kernels[id(step)], step, names, layouts) if id(step) in kernels else None
             if copy is not None:
@@ -188,7 +198,9 @@ def _compile_graph(
         report.source_map = build_source_map(sched.steps, sched.stored, kernels, names)
         report.node_origins = node_origins(graph)
         externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
-        t.summary = f"{len(kernels)} kernels, {externs} ATen calls"
+        in_place = sum(d.verdict == "in place" for d in updates)
+        t.summary = (f"{len(kernels)} kernels, {externs} ATen calls; {len(groups)} kernel groups, "
+                     f"{in_place} of {len(updates)} input updates in place")
     with _Timer(report, "overlap") as t:
         moved = overlap_communication(sched, kernels, names)
         sched.decisions.extend(moved)

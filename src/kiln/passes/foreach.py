@@ -1,0 +1,66 @@
+"""Kernel groups: neighbouring point-wise kernels that are independent of one another run as
+one launch (ir/group.py), as a foreach op does. An optimizer step computes each parameter's
+update in its own kernel (its own shape); grouped, the whole step is a few launches.
+
+Kernels join a group while none reads or writes a buffer another member writes (then their
+order does not matter), no ATen call stands between them, and the group stays under the
+backend's limit of members.
+"""
+
+from __future__ import annotations
+
+from kiln.ir.group import make_group
+from kiln.ir.kernel import Kernel
+from kiln.passes.fusion import Decision, KernelPlan, Schedule
+from kiln.passes.layout import node_label
+
+MAX_GROUP_ARGS = 1024  # buffers one launch takes: its arguments are passed one by one
+
+
+def _groupable(kern: Kernel) -> bool:
+    return not kern.reduce and not kern.checks and kern.outer_numel > 0
+
+
+def _buffers(kern: Kernel) -> tuple[set[str], set[str]]:
+    reads = {a for a, p in zip(kern.args, kern.params) if not p.is_output}
+    writes = {a for a, p in zip(kern.args, kern.params) if p.is_output}
+    return reads, writes
+
+
+def group_kernels(sched: Schedule, kernels: dict[int, Kernel], max_members: int) -> list[Decision]:
+    """Replace runs of groupable kernels in sched.steps (and kernels) by groups."""
+    if max_members < 2:
+        return []
+    runs: list[list[KernelPlan]] = [[]]
+    reads: set[str] = set()
+    writes: set[str] = set()
+    args = 0
+    for step in sched.steps:
+        kern = kernels.get(id(step)) if isinstance(step, KernelPlan) else None
+        if kern is None or not _groupable(kern):
+            runs.append([])
+            reads, writes, args = set(), set(), 0
+            continue
+        r, w = _buffers(kern)
+        run = runs[-1]
+        independent = not (r & writes) and not (w & (reads | writes))
+        if not independent or len(run) >= max_members or args + len(kern.args) > MAX_GROUP_ARGS:
+            run = []
+            runs.append(run)
+            reads, writes, args = set(), set(), 0
+        run.append(step)
+        reads |= r
+        writes |= w
+        args += len(kern.args)
+    decisions = []
+    replaced: dict[int, KernelPlan] = {}
+    for run in (r for r in runs if len(r) > 1):
+        members = tuple(kernels.pop(id(s)) for s in run)
+        plan = KernelPlan([root for s in run for root in s.roots], (), ())
+        kernels[id(plan)] = make_group("group", members)
+        replaced[id(run[0])] = plan
+        replaced.update({id(s): None for s in run[1:]})
+        decisions.append(Decision(node_label(run[0].roots[0]), "grouped",
+                                  f"{len(run)} independent point-wise kernels run as one launch"))
+    sched.steps[:] = [replaced.get(id(s), s) for s in sched.steps if replaced.get(id(s), s) is not None]
+    return decisions

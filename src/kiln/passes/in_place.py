@@ -1,0 +1,194 @@
+"""Updates of graph inputs written in place.
+
+AOTAutograd keeps each update of a graph input (an optimizer's parameters and states, a
+norm's running statistics) as a `copy_(input, new_value)` at the end of the graph. Where it
+is safe, the kernel computing the new value stores it straight into the input's memory: no
+buffer for the new value, no copy. Otherwise the copy_ stays an ATen call after the outputs,
+and a decision says why (the copy AOTAutograd would make otherwise: no op of the
+program runs in ATen instead of a kernel).
+
+Writing into an input is safe when
+- the new value is stored by a kernel, with the input's shape, dtype and strides, and the
+  input's elements do not overlap;
+- no later step reads the input's old value, and the program returns neither the input nor
+  the new value (the caller would get memory the next update overwrites);
+- inside the kernel, every read of the input is at the element being written, before the
+  write. A point-wise kernel stores all its results after all its loads to make it so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+from kiln.ir import kernel as k
+from kiln.ir.tensor import ArgRef, Node, Op
+from kiln.passes.fusion import Decision, KernelPlan, Schedule
+from kiln.passes.layout import is_non_overlapping, node_label, same_strides
+
+COPY_ = torch.ops.aten.copy_.default
+
+
+@dataclasses.dataclass(frozen=True)
+class InputUpdate:
+    """copy_(target, value) of a graph input, as the schedule holds it."""
+
+    step: Node  # the copy_ call
+    target: Node  # the graph input
+    value: Node  # its new value
+
+
+def input_updates(sched: Schedule) -> list[InputUpdate]:
+    found = []
+    for step in sched.steps:
+        if isinstance(step, KernelPlan) or step.op is not Op.EXTERN or step.attrs[0] is not COPY_:
+            continue
+        args = step.attrs[1]
+        if len(args) != 2 or not all(isinstance(a, ArgRef) for a in args):
+            continue
+        target, value = (step.inputs[a.index] for a in args)
+        if target.op is Op.INPUT and target not in sched.aliases:
+            found.append(InputUpdate(step, target, value))
+    return found
+
+
+def _base(n: Node, sched: Schedule) -> Node:
+    return sched.aliases[n].base if n in sched.aliases else n
+
+
+def output_memory(sched: Schedule) -> set[Node]:
+    """The nodes whose memory the program's outputs may be in: the outputs, and what they
+    view or alias, through views, aliases and ATen calls that may return a view."""
+    seen: set[Node] = set()
+    stack = [o for o in sched.graph.outputs if isinstance(o, Node)]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in sched.aliases:
+            stack.append(sched.aliases[n].base)
+        call = n if n.op is Op.EXTERN else n.inputs[0] if n.op is Op.ITEM else None
+        schema = getattr(call.attrs[0], "_schema", None) if call is not None else None
+        may_alias = call is not None and (schema is None or any(r.alias_info for r in schema.returns))
+        if n.op is Op.VIEW or may_alias:
+            stack.extend(n.inputs if n.op is not Op.ITEM else call.inputs)
+    return seen
+
+
+def _step_reads(step, kernels: dict[int, k.Kernel], by_name: dict[str, Node], sched: Schedule) -> set[Node]:
+    if isinstance(step, KernelPlan):
+        kern = kernels[id(step)]
+        return {by_name[a] for a, p in zip(kern.args, kern.params) if a in by_name and not p.is_output}
+    return {_base(i, sched) for i in step.inputs}
+
+
+def _static_problem(u: InputUpdate, sched: Schedule, kernels, by_name, layouts, writer) -> str | None:
+    """Why the update cannot be written in place, judged on the schedule; None if it can."""
+    target, value = u.target, u.value
+    if writer is None:
+        return "its new value is not computed by a kernel (an input, a view or an ATen result)"
+    if value.shape != target.shape or value.dtype != target.dtype:
+        return "copy_ broadcasts or converts the new value"
+    if not is_non_overlapping(target.shape, tuple(target.attrs[1])):
+        return "the input's elements overlap"
+    if not same_strides(target.shape, tuple(layouts(value)), tuple(target.attrs[1])):
+        return "the new value's layout differs from the input's"
+    if {target, value, u.step} & output_memory(sched):
+        return "the program returns the input's memory or its new value"
+    steps = sched.steps
+    for later in steps[steps.index(writer) + 1:]:
+        if later is u.step:
+            continue
+        reads = _step_reads(later, kernels, by_name, sched)
+        if any(i is u.step for i in getattr(later, "inputs", ())) or target in reads:
+            label = node_label(later.roots[0]) if isinstance(later, KernelPlan) else node_label(later)
+            return f"{label} reads the input's old value after the kernel computing its new value"
+    return None
+
+
+def _stores_after_loads(kern: k.Kernel) -> k.Kernel:
+    """A point-wise kernel with every store after every load: without a reduction domain each
+    stage runs once per point, so the statements of all stages may run as one, stores last."""
+    if kern.reduce or not kern.stages:
+        return kern
+    body = [s for st in kern.stages for s in st.body]
+    stores = tuple(s for s in body if isinstance(s, k.Store))
+    ordered = tuple(s for s in body if not isinstance(s, k.Store)) + stores
+    return dataclasses.replace(kern, stages=(k.Stage(kern.stages[0].loop, ordered),))
+
+
+def _kernel_problem(kern: k.Kernel, buffer: str) -> str | None:
+    """Why the kernel's reads of buffer, which it also writes, are unsafe; None if they are safe:
+    each read is at the one index written, and comes before the write."""
+    param = next(p.name for p, a in zip(kern.params, kern.args) if a == buffer)
+    stmts = [s for st in kern.stages for s in st.body]
+    stores = [i for i, s in enumerate(stmts) if isinstance(s, k.Store) and s.buf == param]
+    if len(stores) != 1:
+        return "the kernel writes the input more than once"
+    store = stmts[stores[0]]
+    for i, s in enumerate(stmts):
+        if isinstance(s, k.Load) and s.buf == param:
+            if s.index != store.index:
+                return f"the kernel reads the input at {s.index} while writing {store.index}"
+            if i > stores[0]:
+                return "the kernel reads the input after writing it"
+    return None
+
+
+def write_in_place(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[Node, str], layouts,
+                   emit: Callable[[KernelPlan, dict[Node, str]], k.Kernel]) -> list[Decision]:
+    """Rewrite sched, kernels and names (in place) so that each safe input update is stored by
+    its kernel into the input; emit(plan, names) builds a kernel again. One decision per update."""
+    updates = input_updates(sched)
+    if not updates:
+        return []
+    by_name = {name: node for node, name in names.items()}
+    old_names = dict(names)
+    writers = {r: step for step in sched.steps if isinstance(step, KernelPlan) for r in step.roots}
+    verdicts: dict[InputUpdate, str | None] = {}
+    renamed_values: set[Node] = set()
+    for u in updates:
+        problem = _static_problem(u, sched, kernels, by_name, layouts, writers.get(u.value))
+        if problem is None and (u.value in renamed_values or u.target in {v.target for v in verdicts}):
+            problem = "another update already writes this value or this input"
+        verdicts[u] = problem
+        if problem is None:
+            renamed_values.add(u.value)
+    # emit each kernel with its new values named as the inputs; what turns out unsafe inside
+    # its kernel is undone, and the kernel emitted again
+    by_writer: dict[int, list[InputUpdate]] = {}
+    for u, problem in verdicts.items():
+        if problem is None:
+            by_writer.setdefault(id(writers[u.value]), []).append(u)
+    for plan_id, group in by_writer.items():
+        plan = next(s for s in sched.steps if id(s) == plan_id)
+        while group:
+            trial = {**names, **{u.value: names[u.target] for u in group}}
+            kern = _stores_after_loads(emit(plan, trial))
+            unsafe = [u for u in group if _kernel_problem(kern, names[u.target]) is not None]
+            for u in unsafe:
+                verdicts[u] = _kernel_problem(kern, names[u.target])
+            if not unsafe:
+                kernels[plan_id] = kern
+                names.update({u.value: names[u.target] for u in group})
+                break
+            group = [u for u in group if u not in unsafe]
+    # the other kernels read each new value where it now is
+    moved = {old_names[u.value]: names[u.value] for u, problem in verdicts.items() if problem is None}
+    for key, kern in kernels.items():
+        if moved.keys() & set(kern.args):
+            kernels[key] = dataclasses.replace(kern, args=tuple(moved.get(a, a) for a in kern.args))
+    done = {id(u.step) for u, problem in verdicts.items() if problem is None}
+    sched.steps[:] = [s for s in sched.steps if id(s) not in done]
+    gone = {f"{node_label(u.step)} {u.step.attrs[0]}" for u, problem in verdicts.items() if problem is None}
+    sched.decisions[:] = [d for d in sched.decisions if not (d.verdict == "extern" and d.node in gone)]
+    return [
+        Decision(node_label(u.target), "in place", f"the kernel computing {node_label(u.value)} stores it "
+                 "into the input's memory") if problem is None else
+        Decision(node_label(u.target), "copied back", f"its update stays a copy_ after the outputs: "
+                 f"{problem}")
+        for u, problem in verdicts.items()
+    ]
