@@ -216,3 +216,16 @@ def test_float64_numbers_stay_in_aten():
     out, report = run_compiled(lambda x: torch.rand_like(x) + x, x)
     assert torch.equal(out, expected)
     assert [name for name in report.fallbacks if "rand" in name]
+
+
+def test_random_ops_of_two_shapes_in_one_graph():
+    """Independent kernels of one graph may run as one grouped launch: each keeps its stream."""
+    seed = torch.tensor(12345, dtype=torch.int64)
+
+    def fn(seed):
+        return torch.ops.kiln.philox(seed, 0, [4, 16], 0), torch.ops.kiln.philox(seed, 64, [64], 0)
+
+    (u, v), report = run_compiled(fn, seed)
+    assert report is not None and not [n for n in report.fallbacks if "philox" in n]
+    assert torch.equal(u, philox.uniform(seed, torch.arange(64)).reshape(4, 16))
+    assert torch.equal(v, philox.uniform(seed, 64 + torch.arange(64)))
