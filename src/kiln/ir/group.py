@@ -27,7 +27,7 @@ def make_group(name: str, members: tuple[Kernel, ...]) -> KernelGroup:
     params = tuple(Param(member_param(i, p), p.dtype, p.is_output)
                    for i, m in enumerate(members) for p in m.params)
     args = tuple(a for m in members for a in m.args)
-    return KernelGroup(name, (), (), params, (), (), args, members=members)
+    return KernelGroup(name, (), (), params, (), args=args, members=members)
 
 
 def is_group(kernel: Kernel) -> bool:

@@ -18,7 +18,9 @@ MAX_GROUP_ARGS = 1024  # buffers one launch takes: its arguments are passed one 
 
 
 def _groupable(kern: Kernel) -> bool:
-    return not kern.reduce and not kern.checks and kern.outer_numel > 0
+    """Point-wise, checking nothing, not empty, and of static sizes (a group's launch passes
+    its members' buffers only)."""
+    return not kern.reduce and not kern.checks and not kern.sizes and kern.outer_numel > 0
 
 
 def _buffers(kern: Kernel) -> tuple[set[str], set[str]]:
