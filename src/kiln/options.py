@@ -25,6 +25,9 @@ class Options:
     target: code generator: "auto" (C++ for CPU tensors), "cpp" or "triton".
     check: check numerics at each graph's first call: every kernel against its tensor-IR ops
         evaluated in float64 (docs/numerics_check.md); checked graphs skip the graph cache.
+    eager_random: leave dropout, rand, randn and bernoulli to ATen, keeping eager's random
+        stream (and a saved dropout mask); by default kiln generates them inside its kernels
+        from a Philox stream of its own (docs/random.md). KILN_EAGER_RANDOM=1 sets it.
     """
 
     fullgraph: bool = False
@@ -32,6 +35,7 @@ class Options:
     mode: str = "default"
     target: str = "auto"
     check: bool = False
+    eager_random: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.fullgraph, bool):
@@ -44,6 +48,8 @@ class Options:
             raise ValueError(f"kiln option target must be one of {TARGETS}, got {self.target!r}")
         if not isinstance(self.check, bool):
             raise TypeError(f"kiln option check must be a bool, got {self.check!r}")
+        if not isinstance(self.eager_random, bool):
+            raise TypeError(f"kiln option eager_random must be a bool, got {self.eager_random!r}")
 
     def cache_key(self) -> dict[str, str]:
         """The fields that change generated code, as named key components. fullgraph and
@@ -60,15 +66,17 @@ class Options:
             kwargs["target"] = env_target()
         if "check" not in kwargs and env_check():
             kwargs["check"] = True
+        if "eager_random" not in kwargs and env_eager_random():
+            kwargs["eager_random"] = True
         return cls(**kwargs)
 
 
 # The options that change the code kiln generates for a graph (the graph cache's key).
-CODE_OPTIONS = ("mode", "target")
+CODE_OPTIONS = ("mode", "target", "eager_random")
 
 # The options torch.compile(model, backend="kiln", mode=..., options={...}) hands to kiln; its
 # own fullgraph= and dynamic= act in Dynamo, before kiln, so they are not kiln's to take here.
-BACKEND_OPTIONS = ("mode", "target", "check")
+BACKEND_OPTIONS = ("mode", "target", "check", "eager_random")
 
 
 def backend_options(mode: str | None = None, options: dict | None = None) -> Options:
@@ -103,6 +111,11 @@ def env_target() -> str | None:
 def env_check() -> bool:
     """KILN_CHECK=1 checks every compiled graph's numerics at its first call (Options.check)."""
     return os.environ.get("KILN_CHECK", "") not in ("", "0")
+
+
+def env_eager_random() -> bool:
+    """KILN_EAGER_RANDOM=1 leaves random ops to ATen, with eager's stream (Options.eager_random)."""
+    return os.environ.get("KILN_EAGER_RANDOM", "") not in ("", "0")
 
 
 def env_debug() -> bool:

@@ -204,6 +204,8 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         return f"std::copysign({a[0]}, {a[1]})"
     if fn in ("floor", "ceil", "round", "trunc"):
         return a[0]
+    if fn in ("philox_uniform", "philox_normal"):  # (seed, offset), the prelude's Philox
+        return f"kiln_{fn}({a[0]}, {a[1]})"
     raise CppUnsupported(f"no C++ rendering of {fn} on {t}")
 
 

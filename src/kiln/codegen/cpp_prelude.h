@@ -88,3 +88,31 @@ template <typename T> static inline T kiln_rshift(T a, T b) {
   const int bits = sizeof(T) * 8;
   return ((S)b < 0 || (int64_t)b >= bits) ? (T)(a >> (bits - 1)) : (T)(a >> b);
 }
+// Philox4x32-10 as Triton's tl.rand/tl.randn compute it (kiln/ir/philox.py): key = the seed's
+// halves, counter = (offset's low half, its high half, 0, 0); the same seed and offset give
+// the same float on the CPU and the GPU. Plain integer code, so loops over it vectorize.
+static inline void kiln_philox(int64_t seed, int64_t offset, uint32_t& w0, uint32_t& w1) {
+  uint32_t c0 = (uint32_t)offset, c1 = (uint32_t)((uint64_t)offset >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
+  for (int round = 0; round < 10; round++) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p2 = (uint64_t)0xCD9E8D57u * c2;
+    uint32_t n0 = (uint32_t)(p2 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p2; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
+    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+  }
+  w0 = c0; w1 = c1;
+}
+// int32 x < 0 folds to -x - 1 (== ~x, with no overflow), then times the scale: [0, 1)
+static inline float kiln_word_to_uniform(uint32_t w) {
+  int32_t x = (int32_t)w;
+  return (float)(x < 0 ? ~x : x) * 4.6566127342e-10f;
+}
+static inline float kiln_philox_uniform(int64_t seed, int64_t offset) {
+  uint32_t w0, w1; kiln_philox(seed, offset, w0, w1); return kiln_word_to_uniform(w0);
+}
+static inline float kiln_philox_normal(int64_t seed, int64_t offset) {
+  uint32_t w0, w1; kiln_philox(seed, offset, w0, w1);
+  float u1 = kiln_word_to_uniform(w0), u2 = kiln_word_to_uniform(w1);
+  u1 = u1 < 1.0e-7f ? 1.0e-7f : u1;
+  return sqrtf(-2.0f * logf(u1)) * cosf(6.283185307179586f * u2);
+}

@@ -209,7 +209,12 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
         return f"km.pow({a[0]}, {a[1]})" if fp else f"km.pow_int({a[0]}, {a[1]})"
     if fn in ("atan2", "copysign") and fp:
         return f"km.{fn}({a[0]}, {a[1]})"
+    if fn in _RANDOM:  # (seed, offset): Triton's Philox; offsets in int64, as the C++ prelude
+        return f"{_RANDOM[fn]}({a[0]}, {a[1]}.to(tl.int64))"
     raise TritonUnsupported(f"no Triton rendering of {fn} on {t}")
+
+
+_RANDOM = {"philox_uniform": "tl.rand", "philox_normal": "tl.randn"}
 
 
 _IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1"}

@@ -22,6 +22,7 @@ from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import graph_device
 from kiln.frontend.linear_xent import rewrite_linear_cross_entropy
 from kiln.frontend.partition import PartitionSummary, partition
+from kiln.frontend.random import draw_seeds_once, random_decompositions
 from kiln.ir import sizes
 from kiln.ir.checks import RAISED_AS_EAGER
 from kiln.lower.core import Unsupported
@@ -516,6 +517,7 @@ def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: O
     captured = rewrite_captured_attention(gm) + rewrite_linear_cross_entropy(gm)
 
     def fw_compiler(g: fx.GraphModule, inputs: list[Any]) -> Callable:
+        draw_seeds_once(g)
         if family:
             return compile_family_graph(g, inputs, options, splits[-1] if splits else None, captured)
         return compile_aten_graph(g, inputs, options, splits[-1] if splits else None, captured)
@@ -545,7 +547,8 @@ def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: O
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,
         partition_fn=partition_fn,
-        decompositions=decomposition_table(),
+        decompositions=decomposition_table() if options.eager_random
+        else {**decomposition_table(), **random_decompositions()},
         # an inference graph's updates of its inputs (an optimizer step) stay in the graph, as
         # copy_ calls that kernels then write in place; a CUDA graph replays its recording on
         # copies of the inputs, so there AOTAutograd's wrapper copies the updates back instead

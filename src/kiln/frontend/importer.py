@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from kiln import errors
 from kiln.frontend.effects import has_side_effects
 from kiln.frontend.origin import origin_of
+from kiln.frontend.random import SEED_OP, SEEDS_OP
 from kiln.ir.sizes import NeedsNumber, as_size, shape_env, size_call
 from kiln.ir.tensor import ArgRef, Builder, Graph, GraphGrowthLimit, Layout, Node, Op
 from kiln.lower.context import LowerCtx
@@ -40,6 +41,9 @@ EXTERN_BY_DESIGN = {op: _VENDOR for op in (
     aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_cudnn_attention.default, aten.scaled_dot_product_attention.default,
 )}
+# a random op's seed is drawn by torch's generator, so that torch.manual_seed repeats a run
+EXTERN_BY_DESIGN[SEED_OP] = EXTERN_BY_DESIGN[SEEDS_OP] = \
+    "the seed of in-kernel random numbers is drawn from torch's generator"
 
 
 def _layouts(val: Any) -> tuple:

@@ -15,6 +15,7 @@ from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.utils.checkpoint import CheckpointPolicy
 
+from kiln.frontend.random import recompute_random_numbers
 from kiln.ir.sizes import hint
 
 aten = torch.ops.aten
@@ -44,6 +45,7 @@ def _size(nbytes: int) -> str:
 def partition(joint: fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, summary: PartitionSummary,
               **kwargs: Any) -> tuple[fx.GraphModule, fx.GraphModule]:
     _save_what_the_backward_compares(joint)
+    recompute_random_numbers(joint)
     with functorch_config.patch(cse=not _cse_would_merge_signed_zeros(joint)):
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs,
                                                      **kwargs)

@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from kiln.ir import philox
+
 
 @dataclass(frozen=True)
 class PointwiseFn:
@@ -97,6 +99,9 @@ _TABLE = [
     ("rshift", 2, torch.bitwise_right_shift),
     # ternary
     ("where", 3, torch.where),
+    # random: (seed, offset) -> float32, Philox4x32-10 (ir/philox.py)
+    ("philox_uniform", 2, philox.uniform),
+    ("philox_normal", 2, philox.normal),
 ]
 
 POINTWISE_FNS: dict[str, PointwiseFn] = {n: PointwiseFn(n, a, f) for n, a, f in _TABLE}
@@ -108,7 +113,7 @@ PREDICATES = COMPARISONS | {"isnan", "isinf", "logical_not", "logical_and", "log
 # an ulp apart, so two kernels computing one of them can disagree on an element.
 LIBRARY_MATH = frozenset(
     "exp exp2 log log2 log10 log1p expm1 sin cos tan asin acos atan sinh cosh tanh asinh acosh "
-    "atanh erf erfc sigmoid gelu pow atan2".split()
+    "atanh erf erfc sigmoid gelu pow atan2 philox_normal".split()
 )
 FLOAT_ONLY = frozenset(
     "exp exp2 log log2 log10 log1p expm1 sqrt rsqrt reciprocal sin cos tan asin acos atan "

@@ -36,6 +36,6 @@ _loaded = False
 def _load_all() -> None:
     global _loaded
     if not _loaded:
-        from kiln.lower import indexing, pointwise, reductions, views  # noqa: F401  (register)
+        from kiln.lower import indexing, pointwise, random, reductions, views  # noqa: F401  (register)
 
         _loaded = True
