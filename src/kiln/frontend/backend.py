@@ -547,6 +547,7 @@ def _trace_and_compile(gm: fx.GraphModule, example_inputs: list[Any], options: O
         fw_compiler=fw_compiler,
         bw_compiler=bw_compiler,
         partition_fn=partition_fn,
+        captured_decisions=captured,
         decompositions=decomposition_table() if options.eager_random
         else {**decomposition_table(), **random_decompositions()},
         # an inference graph's updates of its inputs (an optimizer step) stay in the graph, as

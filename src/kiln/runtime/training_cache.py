@@ -309,7 +309,8 @@ class _Runner:
 # ---- lookup and store ---------------------------------------------------------------------
 
 
-def _load(e: cache.Entry, gm: fx.GraphModule, options, target: str, t0: float) -> _Runner:
+def _load(e: cache.Entry, gm: fx.GraphModule, options, target: str, t0: float,
+          captured_decisions: list = ()) -> _Runner:
     from kiln import counters
     from kiln.codegen.backends import get_backend
     from kiln.frontend import backend as frontend
@@ -333,6 +334,8 @@ def _load(e: cache.Entry, gm: fx.GraphModule, options, target: str, t0: float) -
         graph_cache.STATS["hit"] += 1  # the programs are the whole-graph cache's hits
         cache.journal("hit", graph_entry)
         fn._boxed_call = True
+        if not programs:  # the forward's report: the rewrites ran on Dynamo's graph, as on a miss
+            report.decisions = list(captured_decisions) + report.decisions
         frontend.REPORTS.append(report)
         counters.graph_compiled(len(report.kernels), report.cache_hits, True)
         programs.append(fn)
@@ -363,10 +366,12 @@ def _store(e: cache.Entry, text: str, convention: Convention) -> bool:
 
 
 def aot_module_cached(gm: fx.GraphModule, example_inputs: list[Any], options, *, fw_compiler: Callable,
-                      bw_compiler: Callable, partition_fn: Callable, **aot_kwargs: Any) -> Callable:
+                      bw_compiler: Callable, partition_fn: Callable, captured_decisions: list = (),
+                      **aot_kwargs: Any) -> Callable:
     """aot_module_simplified through the joint cache: on a hit, kiln's own runtime for the
     cached programs; on a miss, AOTAutograd, watching what it gives kiln's compilers, and the
-    convention stored once the backward (or the inference program) is compiled."""
+    convention stored once the backward (or the inference program) is compiled.
+    captured_decisions: the rewrites of Dynamo's graph, which a hit's forward report shows."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
     from kiln.codegen.backends import resolve_target
@@ -398,7 +403,7 @@ def aot_module_cached(gm: fx.GraphModule, example_inputs: list[Any], options, *,
     problem = cache.check(e)
     if problem is None:
         try:
-            runner = _load(e, gm, options, target, t0)
+            runner = _load(e, gm, options, target, t0, captured_decisions)
             STATS["hit"] += 1
             cache.journal("hit", e)
             return runner
