@@ -39,7 +39,7 @@ from kiln.ir.kernel import Kernel, kernel_str, size_params
 from kiln.ir.sizes import NeedsNumber, symbols
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.passes.fusion import Alias, KernelPlan, Schedule
-from kiln.passes.in_place import input_updates
+from kiln.passes.in_place import input_updates, output_memory
 from kiln.passes.layout import is_non_overlapping, same_strides
 
 
@@ -138,8 +138,10 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
                       for r in reads}
     layout_checked |= {a.base for a in schedule.aliases.values()}
     launched: dict[str, str] = {}
-    # an input's update left as a copy_ runs after the outputs are taken, as AOTAutograd's did
-    updates = [u.step for u in input_updates(schedule)]
+    # an input's update left as a copy_ runs after the outputs are taken, as AOTAutograd's did;
+    # one whose result is returned runs in its place, before the outputs' layouts are fixed
+    returned = output_memory(schedule)
+    updates = [u.step for u in input_updates(schedule) if u.step not in returned]
     for step in schedule.steps:
         if any(step is u for u in updates):
             continue

@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from kiln.ir import kernel as k
+from kiln.ir.sizes import is_symbolic
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
 from kiln.passes.layout import is_non_overlapping, node_label, same_strides
@@ -143,8 +144,8 @@ def write_in_place(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[No
     """Rewrite sched, kernels and names (in place) so that each safe input update is stored by
     its kernel into the input; emit(plan, names) builds a kernel again. One decision per update."""
     updates = input_updates(sched)
-    if not updates:
-        return []
+    if not updates or any(is_symbolic(s) for u in updates for s in u.target.shape):
+        return []  # a shape family's updates (a static KV cache's) stay copies after the kernels
     by_name = {name: node for node, name in names.items()}
     old_names = dict(names)
     writers = {r: step for step in sched.steps if isinstance(step, KernelPlan) for r in step.roots}
