@@ -62,11 +62,11 @@ def pool_for_three(monkeypatch):
     monkeypatch.setattr(compile_pool, "MIN_POOL_JOBS", 3)
 
 
-def _raise_in_worker(args, cache_dir):
+def _raise_in_worker(args, cache_dir, settings):
     raise RuntimeError("worker failure for the test")
 
 
-def _exit_in_worker(args, cache_dir):
+def _exit_in_worker(args, cache_dir, settings):
     os._exit(3)
 
 
@@ -106,6 +106,17 @@ def test_compiles_survive_workers_that_die(kernels, cache_hits, monkeypatch, cap
     assert "workers stopped" in caplog.text and compile_pool._pool is None
     compile_variants(kernels[3:6], SM90)
     assert cache_hits == [False] * 3 + [True] * 3
+
+
+def test_workers_compile_with_settings_made_after_they_started(kernels, cache_hits, monkeypatch,
+                                                            pool_for_three):
+    """Another library (Inductor) may change Triton's settings once the workers run: they
+    compile with this process's settings, so this process still finds their results."""
+    compile_variants(kernels[:3], SM90)  # the workers start
+    monkeypatch.setenv("TRITON_DISABLE_LINE_INFO", "1")  # part of every compile's cache hash
+    cache_hits.clear()
+    compile_variants(kernels[3:6], SM90)
+    assert cache_hits == [True] * 3
 
 
 def test_register_budgets():

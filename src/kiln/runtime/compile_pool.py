@@ -67,10 +67,36 @@ def compile_in_process(args: CompileArgs):
     return triton_compile(src, target=GPUTarget(*args.target), options=args.options)
 
 
-def _compile_in_worker(args: CompileArgs, cache_dir: str) -> str:
-    """In a worker: compile into this process's Triton cache; the result's cache hash."""
+_PREFIXES = ("TRITON_", "MLIR_", "LLVM_")
+
+
+def triton_settings() -> dict[str, str | None]:
+    """What a compile's cache hash reads from this process beyond its arguments: Triton's,
+    MLIR's and LLVM's environment variables (a ptxas path, cache-invalidating flags) and the
+    libdevice path, which another library in the process (Inductor) may set after the workers
+    started."""
     from triton import knobs
 
+    settings: dict[str, str | None] = {k: v for k, v in os.environ.items() if k.startswith(_PREFIXES)}
+    settings["libdevice_path"] = knobs.nvidia.libdevice_path
+    return settings
+
+
+def _apply_settings(settings: dict[str, str | None]) -> None:
+    from triton import knobs
+
+    for name in [k for k in os.environ if k.startswith(_PREFIXES) and k not in settings]:
+        del os.environ[name]
+    os.environ.update({k: v for k, v in settings.items() if k.startswith(_PREFIXES)})
+    knobs.nvidia.libdevice_path = settings.get("libdevice_path")
+
+
+def _compile_in_worker(args: CompileArgs, cache_dir: str, settings: dict[str, str | None]) -> str:
+    """In a worker, with the parent's Triton settings: compile into the parent's Triton cache;
+    the result's cache hash."""
+    from triton import knobs
+
+    _apply_settings(settings)
     knobs.cache.dir = cache_dir
     return compile_in_process(args).hash
 
@@ -129,8 +155,9 @@ def _submit_all(jobs: list[CompileArgs]) -> list[Future]:
     from triton import knobs
 
     cache_dir = knobs.cache.dir  # this process's, which may not be the workers' default
+    settings = triton_settings()
     try:
-        return [_submit(_compile_in_worker, args, cache_dir) for args in jobs]
+        return [_submit(_compile_in_worker, args, cache_dir, settings) for args in jobs]
     except Exception as e:  # noqa: BLE001 - compiles then run in this process
         log.warning("kiln: could not start Triton compile workers (%s); compiling in this process", e)
         shutdown_pool()
