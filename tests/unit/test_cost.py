@@ -65,6 +65,24 @@ def test_an_element_wise_add_moves_three_buffers_once():
     assert c.floor_s == pytest.approx(12 * MiB / 1e10)
 
 
+# a GPU's: the host launches kernels while earlier ones run; 3 us a kernel on the device then
+QUEUED = Ceilings(**{**CEILINGS.to_dict(), "device": "cuda: test", "queued_kernel_s": 3e-6,
+                     "kernel_launch_s": 1e-5})
+
+
+def test_a_queued_launch_overlaps_the_work_of_a_large_kernel():
+    c = kernel_cost(add_kernel(), QUEUED)
+    assert c.bound == "memory"
+    assert c.busy_s == pytest.approx(12 * MiB / 1e10)
+    assert c.seconds == pytest.approx(3e-6 + 12 * MiB / 1e10)  # the 10 us launch is hidden
+
+
+def test_a_tiny_queued_kernel_costs_its_launch():
+    c = kernel_cost(add_kernel(4, 4), QUEUED)
+    assert c.bound == "launch"
+    assert c.seconds == pytest.approx(1e-5)
+
+
 def test_a_row_softmax_reads_its_rows_again_where_they_do_not_fit():
     rows, cols = 64, 1024  # a row: 4 kB
     row_bytes = rows * cols * 4

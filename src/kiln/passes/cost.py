@@ -41,6 +41,10 @@ class Ceilings:
     # buffers of at least fresh_alloc_bytes (smaller ones reuse freed memory); 0 on GPUs
     first_touch_s_per_byte: float = 0.0
     fresh_alloc_bytes: int = 0
+    # a kernel's fixed time on the device when the host launches it while earlier work runs
+    # (a GPU's stream): the host's launch cost then overlaps the device's work instead of adding
+    # to it. 0: the host runs each kernel itself (a CPU), so launch and work add up
+    queued_kernel_s: float = 0.0
     fn_cost: dict = field(default_factory=dict, compare=False)  # measured FN_COST (function -> ops)
 
     def to_dict(self) -> dict:
@@ -95,6 +99,7 @@ class Cost:
     seconds: float  # predicted
     floor_s: float  # the roofline: the bytes that must move or the arithmetic, whichever is longer
     bound: str  # "memory", "compute", "matmul" or "launch": what the prediction is made of
+    busy_s: float = 0.0  # the device's work alone: no launch, no fixed cost
 
 
 def _predict(name: str, must_move: int, moves: int, flops: float, work: float, launch_s: float,
@@ -102,9 +107,23 @@ def _predict(name: str, must_move: int, moves: int, flops: float, work: float, l
     memory_s = moves / ceilings.copy_bytes_per_s
     compute_s = work / rate
     busy = max(memory_s, compute_s)
-    bound = "launch" if launch_s > busy else ("memory" if memory_s >= compute_s else compute_bound)
+    seconds = _with_launch(launch_s, busy, ceilings)
+    bound = "launch" if _launch_bound(launch_s, busy, ceilings) else (
+        "memory" if memory_s >= compute_s else compute_bound)
     floor_s = max(must_move / ceilings.copy_bytes_per_s, compute_s)
-    return Cost(name, must_move, moves, flops, 1, launch_s + busy, floor_s, bound)
+    return Cost(name, must_move, moves, flops, 1, seconds, floor_s, bound, busy)
+
+
+def _with_launch(launch_s: float, busy: float, ceilings: Ceilings) -> float:
+    """A launch's time: the host's launch cost and the device's work add up where the host runs
+    the kernel; where launches are queued, the longer of the host's launch and the device's."""
+    if ceilings.queued_kernel_s:
+        return max(launch_s, ceilings.queued_kernel_s + busy)
+    return launch_s + busy
+
+
+def _launch_bound(launch_s: float, busy: float, ceilings: Ceilings) -> bool:
+    return launch_s > busy + ceilings.queued_kernel_s
 
 
 # --- kernels -------------------------------------------------------------------------------
@@ -131,17 +150,18 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
     Re-reads: a buffer loaded again in a later loop stage (a softmax reads its row for the max,
     again for the sum, again for the output) moves its row again, unless one row of every
     buffer the kernel re-reads fits in ceilings.row_cache_bytes, where the backend keeps rows
-    between stages (a CPU thread's row stays in its core's L2; on a GPU, 0: rows a Triton
-    kernel keeps live in registers as scratch, which the kernel IR already shows as such).
+    between stages (a CPU thread's row stays in its core's L2; a GPU program's row stays in its
+    share of the L2, or in registers).
     FLOPs: one per element-wise op or reduction step per iteration of its stage."""
     members = getattr(kernel, "members", ())
     if members:  # a group (ir/group.py): its members' work, one launch
         parts = [kernel_cost(m, ceilings) for m in members]
-        busy = sum(c.seconds for c in parts) - len(parts) * ceilings.kernel_launch_s
-        bound = "launch" if ceilings.kernel_launch_s > busy else parts[0].bound
+        busy = sum(c.busy_s for c in parts)
+        seconds = _with_launch(ceilings.kernel_launch_s, busy, ceilings)
+        bound = "launch" if _launch_bound(ceilings.kernel_launch_s, busy, ceilings) else parts[0].bound
         return Cost(kernel.name, sum(c.must_move for c in parts), sum(c.moves for c in parts),
-                    sum(c.flops for c in parts), 1, ceilings.kernel_launch_s + busy,
-                    sum(c.floor_s for c in parts), bound)
+                    sum(c.flops for c in parts), 1, seconds, sum(c.floor_s for c in parts), bound,
+                    busy)
     scratch = {s.name for s in kernel.scratch}
     extents = {s.name: s.extent or 1 for s in (*kernel.outer, *kernel.reduce)}
     reduce_names = {s.name for s in kernel.reduce}

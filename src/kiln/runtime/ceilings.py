@@ -126,9 +126,18 @@ def _best_seconds(fn: Callable[[], None], device: torch.device, repeat: int, inn
     return best
 
 
+# programs resident on one GPU multiprocessor whose rows share the L2 between their stages
+_ROWS_PER_SM = 8
+
+
 def _row_cache_bytes(device: torch.device) -> int:
-    """Where a CPU thread's rows stay between a kernel's stages: its core's L2 (sysfs), 1 MiB
-    where unknown. GPUs keep rows in registers, which the kernel IR shows as scratch: 0."""
+    """Where a kernel's re-read rows stay between its stages. A CPU thread's: its core's L2
+    (sysfs), 1 MiB where unknown. A GPU program's: its share of the L2 among the programs
+    resident at once, which read their rows again before other rows evict them."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        l2 = getattr(props, "L2_cache_size", 0) or (8 << 20)
+        return l2 // (props.multi_processor_count * _ROWS_PER_SM)
     if device.type != "cpu":
         return 0
     try:
@@ -246,6 +255,21 @@ def _cpp_fn_costs() -> tuple[float, dict[str, float]]:
                  for seconds_add in [add * threads]}
 
 
+def _queued_kernel_seconds(one: torch.Tensor, kernels: int = 100) -> float:
+    """A tiny kernel's time on a GPU when the launches are queued ahead of the device: a CUDA
+    graph of `kernels` of them, replayed, per kernel. Its launches cost the host nothing then."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        one.add_(0.0)  # warm-up outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(kernels):
+                one.add_(0.0)
+    torch.cuda.current_stream().wait_stream(stream)
+    return _best_seconds(graph.replay, one.device, repeat=5) / kernels
+
+
 def _copy_seconds(nbytes: int, device: torch.device) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
@@ -272,6 +296,7 @@ def _measure(device: torch.device) -> Ceilings:
     mm_s = _best_seconds(lambda: torch.mm(x, y, out=z), device, repeat=3)
     one = torch.ones(1, device=device)
     launch_s = _best_seconds(lambda: one.add_(0.0), device, repeat=5, inner=200)
+    queued_s = _queued_kernel_seconds(one) if device.type == "cuda" else 0.0
     copied = 2 * sizes["copy_bytes"]
     ceilings = Ceilings(
         device=device_name(device),
@@ -281,6 +306,7 @@ def _measure(device: torch.device) -> Ceilings:
         launch_s=launch_s,
         kernel_launch_s=launch_s,
         row_cache_bytes=_row_cache_bytes(device),
+        queued_kernel_s=queued_s,
     )
     if device.type == "cuda":
         return dataclasses.replace(ceilings, ops_per_s=_gpu_issue_rate(device))
