@@ -100,6 +100,7 @@ def main() -> None:
         step()
         sync(device)
         first[name] = time.perf_counter() - t0
+        print(f"  {name:<14} first step {first[name]:.1f} s", flush=True)
         for _ in range(2):
             step()
     sync(device)

@@ -1,6 +1,8 @@
 """Independent point-wise kernels run as one launch (a kernel group); a kernel reading what
 another writes does not join its group."""
 
+import dataclasses
+
 import torch
 from conftest import assert_same
 
@@ -46,3 +48,22 @@ def test_a_kernel_reading_a_grouped_kernels_output_runs_after_it():
     for k, launch in enumerate(launches):  # nothing a launch reads is written by itself or later
         reads = set(launch.args) - set(launch.writes)
         assert not reads & set().union(*writes[k:]), report.host_program
+
+
+def test_a_group_takes_at_most_the_backends_buffers(monkeypatch):
+    """A Triton group is one function whose compile grows with its code: its buffers are
+    bounded (the backend's group_buffers), so an optimizer step is several groups."""
+    from kiln.codegen import backends
+
+    for target, make in list(backends._FACTORIES.items()):
+        monkeypatch.setitem(backends._FACTORIES, target,
+                            lambda options, make=make: dataclasses.replace(make(options), group_buffers=6))
+
+    def f(*xs):
+        return [x.sigmoid() * 2 for x in xs]
+
+    args = [torch.randn(5 + i, 3) for i in range(6)]  # six kernels of two buffers each
+    out, report = _compiled(f, *args)
+    assert_same(out, f(*args))
+    launches = _launches(report)
+    assert len(launches) == 2 and all(len(launch.args) <= 6 for launch in launches), report.host_program

@@ -4,7 +4,7 @@ update in its own kernel (its own shape); grouped, the whole step is a few launc
 
 Kernels join a group while none reads or writes a buffer another member writes (then their
 order does not matter), no ATen call stands between them, and the group stays under the
-backend's limit of members.
+backend's limits of members and buffers.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from kiln.ir.kernel import Kernel
 from kiln.ir.sizes import is_symbolic
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
 from kiln.passes.layout import node_label
-
-MAX_GROUP_ARGS = 1024  # buffers one launch takes: its arguments are passed one by one
 
 
 def _groupable(kern: Kernel) -> bool:
@@ -32,8 +30,10 @@ def _buffers(kern: Kernel) -> tuple[set[str], set[str]]:
     return reads, writes
 
 
-def group_kernels(sched: Schedule, kernels: dict[int, Kernel], max_members: int) -> list[Decision]:
-    """Replace runs of groupable kernels in sched.steps (and kernels) by groups."""
+def group_kernels(sched: Schedule, kernels: dict[int, Kernel], max_members: int,
+                  max_buffers: int = 1024) -> list[Decision]:
+    """Replace runs of groupable kernels in sched.steps (and kernels) by groups of at most
+    max_members kernels and max_buffers buffers."""
     if max_members < 2:
         return []
     runs: list[list[KernelPlan]] = [[]]
@@ -49,7 +49,7 @@ def group_kernels(sched: Schedule, kernels: dict[int, Kernel], max_members: int)
         r, w = _buffers(kern)
         run = runs[-1]
         independent = not (r & writes) and not (w & (reads | writes))
-        if not independent or len(run) >= max_members or args + len(kern.args) > MAX_GROUP_ARGS:
+        if not independent or len(run) >= max_members or args + len(kern.args) > max_buffers:
             run = []
             runs.append(run)
             reads, writes, args = set(), set(), 0

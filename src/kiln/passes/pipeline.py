@@ -185,7 +185,7 @@ def _compile_graph(
         updates = write_in_place(sched, kernels, names, layouts, lambda plan, trial: emit_kernel(
             "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows))
         kernels = _name_by_content(kernels, sched)
-        groups = group_kernels(sched, kernels, backend.group_members)
+        groups = group_kernels(sched, kernels, backend.group_members, backend.group_buffers)
         kernels = _name_by_content(kernels, sched)
         sched.decisions.extend(updates + groups)
         for step in sched.steps:

@@ -25,8 +25,11 @@ from pathlib import Path
 log = logging.getLogger("kiln")
 
 # Fewer compiles than this run here: a worker's first compile sets up Triton's CUDA backend
-# again, which this process has done already, and costs more than a few kernels save.
+# again, which this process has done already, and costs more than a few kernels save. Large
+# kernels (an optimizer step's groups) take seconds each: two or more with this much source
+# between them go to the workers too.
 MIN_POOL_JOBS = 8
+MIN_POOL_SOURCE_BYTES = 64 << 10
 
 _pool: ProcessPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -176,10 +179,21 @@ def _worker_hash(future: Future, args: CompileArgs) -> str | None:
     return None
 
 
+def _worth_the_workers(jobs: list[CompileArgs]) -> bool:
+    if len(jobs) >= MIN_POOL_JOBS:
+        return True
+    if len(jobs) < 2:
+        return False
+    try:
+        return sum(os.path.getsize(j.path) for j in jobs) >= MIN_POOL_SOURCE_BYTES
+    except OSError:
+        return False
+
+
 def compile_all(jobs: list[CompileArgs]) -> list:
     """A CompiledKernel per job: compiled by workers when there are enough jobs to pay for
     them, and loaded here as each finishes."""
-    pending = _submit_all(jobs) if len(jobs) >= MIN_POOL_JOBS else []
+    pending = _submit_all(jobs) if _worth_the_workers(jobs) else []
     compiled = []
     for i, args in enumerate(jobs):
         worker_hash = None
