@@ -193,9 +193,18 @@ class TunedLauncher:
         self._tune(tensors)
         self.aligned(*tensors)
 
+    def _launch_unaligned(self, tensors) -> None:
+        x, r, w = self.choice or next(iter(self.variants))
+        self.jit_fn[self.grid((x, r, w))](*tensors, XBLOCK=x, RBLOCK=r, ALIGNED=False, num_warps=w)
+
     def __call__(self, *tensors) -> None:
         if not self.assumes_aligned or all(t.data_ptr() % 16 == 0 for t in tensors):
             self.aligned(*tensors)
         else:
-            x, r, w = self.choice or next(iter(self.variants))
-            self.jit_fn[self.grid((x, r, w))](*tensors, XBLOCK=x, RBLOCK=r, ALIGNED=False, num_warps=w)
+            self._launch_unaligned(tensors)
+
+    def binaries(self) -> list | str:
+        """Each configuration's binary (triton_abi.KernelBinary), or why one cannot be stored."""
+        from kiln.runtime import triton_build
+
+        return triton_build.binaries_of(self.variants, self.grid, self.__name__)
