@@ -27,6 +27,9 @@ _DEVICE_MAX_SHARED_PER_BLOCK_OPTIN = 97
 _DEFAULT_SHARED_LIMIT = 48 * 1024
 
 
+LIBRARY = "libcuda.so.1"
+
+
 class CudaUnavailable(RuntimeError):
     """No CUDA driver or GPU to run compiled kernels on."""
 
@@ -53,7 +56,7 @@ def _driver() -> ctypes.CDLL:
         raise CudaUnavailable("no CUDA GPU is visible to PyTorch on this machine")
     torch.cuda.init()  # the runtime creates the primary contexts kiln loads modules into
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
+        lib = ctypes.CDLL(LIBRARY)
     except OSError as e:
         raise CudaUnavailable(f"the CUDA driver library cannot be loaded ({e})") from e
     for name, argtypes in _SIGNATURES.items():
