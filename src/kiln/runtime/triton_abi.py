@@ -45,7 +45,7 @@ class KernelBinary:
     maxnreg: int | None = None  # the register budget it was compiled under, if any
     triton_version: str = ""
 
-    @property
+    @functools.cached_property
     def pointers(self) -> int:
         """The kernel's own parameters that a launch passes (constexprs are compiled in)."""
         return sum(1 for t in self.signature.values() if t != "constexpr")
