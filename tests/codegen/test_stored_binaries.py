@@ -15,7 +15,7 @@ import kiln
 from kiln.codegen.backends import get_backend
 from kiln.frontend.decompositions import decomposition_table
 from kiln.options import Options
-from kiln.runtime import artifact, autotune, cache, graph_cache, triton_abi, triton_build
+from kiln.runtime import artifact, cache, graph_cache, triton_abi, triton_build
 from kiln.runtime.artifact import ArtifactError
 from kiln.runtime.triton_abi import KernelBinary
 
@@ -32,7 +32,7 @@ def fake_sm90(monkeypatch, tmp_path):
     """Triton builds compile for sm_90 and launchers are never started (no GPU here)."""
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(triton_abi, "current_target", lambda: SM90)
-    monkeypatch.setattr(autotune, "_direct_launch", lambda *args: lambda *tensors: None)
+    monkeypatch.setattr(triton_abi, "direct_launch", lambda *args: lambda *tensors: None)
 
 
 def _f(x, w):

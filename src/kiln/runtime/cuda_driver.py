@@ -51,12 +51,14 @@ _SIGNATURES = {
 
 
 @functools.cache
-def _driver() -> ctypes.CDLL:
+def _driver() -> ctypes.PyDLL:
     if not torch.cuda.is_available():
         raise CudaUnavailable("no CUDA GPU is visible to PyTorch on this machine")
     torch.cuda.init()  # the runtime creates the primary contexts kiln loads modules into
     try:
-        lib = ctypes.CDLL(LIBRARY)
+        # PyDLL: calls keep the GIL, so no other thread rewrites a launcher's parameter block
+        # while the driver reads it
+        lib = ctypes.PyDLL(LIBRARY)
     except OSError as e:
         raise CudaUnavailable(f"the CUDA driver library cannot be loaded ({e})") from e
     for name, argtypes in _SIGNATURES.items():

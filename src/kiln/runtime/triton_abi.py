@@ -1,6 +1,7 @@
-"""Triton's conventions, in one file: what a compiled kernel's metadata holds, how its
-launch passes arguments, and the few Triton calls kiln's builds make. A new Triton release
-that changes any of them is a change to this file only.
+"""Triton's internals, in one file: what a compiled kernel's metadata holds, how its launch
+passes arguments, the target and attributes builds ask Triton for, and the launch through
+Triton's own launcher that a cold start uses. A new Triton release that changes any of them
+is a change to this file (triton.compile itself, public API, runs in compile_pool).
 
 A compiled kernel leaves Triton as a `KernelBinary`: the cubin and what launching it needs.
 Loading and launching a binary (runtime/cuda_driver.py) then needs no Triton at all.
@@ -11,8 +12,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from types import SimpleNamespace
 from typing import Any
+
+import torch
 
 # The Triton releases whose launch convention this file describes: a kernel's parameters in
 # signature order with constexprs left out, then a global scratch pointer and a profile
@@ -160,3 +165,112 @@ def aligned_attr(target: tuple) -> list:
     from triton.compiler import make_backend
 
     return make_backend(GPUTarget(*target)).parse_attr("D")
+
+
+# ---- launching a CompiledKernel through Triton's own launcher (a cold start) ----------
+
+
+# Triton builds a C launcher per kernel signature: a C compiler run when its cache is cold.
+# kiln's kernels take nothing but pointers, and the GPU reads only as many parameters
+# as a kernel declares, so one launcher built for up to 8, 16, 32... pointers serves every
+# kernel with as many or fewer, given None (a null pointer) for the rest: the null scratch
+# pointers a kernel without scratch memory would get anyway.
+_SHARED_LAUNCHERS: dict[tuple, object] = {}
+
+
+def shared_launcher(n_pointers: int, metadata) -> tuple[object, int] | None:
+    """The launcher for kernels of up to n_pointers pointers (rounded up) and its width, or
+    None when the kernel needs what only its own launcher passes (scratch memory)."""
+    if (
+        metadata.global_scratch_size
+        or metadata.profile_scratch_size
+        or getattr(metadata, "tensordesc_meta", None)
+    ):
+        return None
+    width = max(8, 1 << (n_pointers - 1).bit_length())
+    key = (width, metadata.num_ctas, metadata.launch_cooperative_grid, metadata.launch_pdl)
+    if key not in _SHARED_LAUNCHERS:
+        from triton.runtime.driver import driver
+
+        signature = SimpleNamespace(constants={}, signature={i: "*i8" for i in range(width)})
+        _SHARED_LAUNCHERS[key] = driver.active.launcher_cls(signature, metadata)
+    return _SHARED_LAUNCHERS[key], width
+
+
+def load_function(compiled):
+    """The compiled kernel loaded on the current GPU (Triton's own loading would also build
+    the kernel's launcher)."""
+    from triton.runtime.driver import driver
+
+    device = driver.active.get_current_device()
+    meta = compiled.metadata
+    if meta.shared > driver.active.utils.get_device_properties(device)["max_shared_mem"]:
+        raise RuntimeError(
+            f"kiln: {compiled.name} needs {meta.shared} bytes of shared memory, more than the GPU has"
+        )
+    _, function, _, _, max_threads = driver.active.utils.load_binary(
+        compiled.name, compiled.kernel, meta.shared, device
+    )
+    if meta.num_warps * 32 > max_threads:
+        raise RuntimeError(
+            f"kiln: {compiled.name} needs {meta.num_warps * 32} threads, more than it can have"
+        )
+    return function
+
+
+def direct_launch(
+    compiled, grid: tuple[int, int, int], config: tuple[int, int, int], n_pointers: int
+) -> Callable:
+    """Call the C launch function with everything fixed ahead: per launch, only the current
+    stream is looked up (a fraction of Triton's generic launch path)."""
+    device = torch.cuda.current_device()
+    current_stream = torch._C._cuda_getCurrentRawStream
+    g0, g1, g2 = grid
+    shared = shared_launcher(n_pointers, compiled.metadata)
+    if shared is None:
+        compiled._init_handles()
+        run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+        xblock, rblock, _ = config
+
+        def launch(*args):
+            run(
+                g0,
+                g1,
+                g2,
+                current_stream(device),
+                function,
+                metadata,
+                None,
+                None,
+                None,
+                *args,
+                xblock,
+                rblock,
+            )
+
+        return launch
+    launcher, width = shared
+    c_launch, function, metadata = launcher.launch, load_function(compiled), compiled.packed_metadata
+    cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+    padding = (None,) * (width - n_pointers)
+
+    def launch(*args):
+        c_launch(
+            g0,
+            g1,
+            g2,
+            current_stream(device),
+            function,
+            cooperative,
+            pdl,
+            None,
+            None,
+            metadata,
+            None,
+            None,
+            None,
+            *args,
+            *padding,
+        )
+
+    return launch
