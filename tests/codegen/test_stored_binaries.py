@@ -149,3 +149,44 @@ def test_an_artifact_for_the_gpu_holds_cubins_and_is_refused_without_one(fake_sm
         ArtifactError, match="runs on an NVIDIA GPU \\(sm_90\\); this machine has no CUDA GPU"
     ):
         kiln.load(path)
+
+
+LOAD_WITH_STAND_IN = """
+import ctypes, sys
+{fake_gpu}
+import kiln
+program = kiln.load({path!r})
+x, w = torch.randn(64, 33), torch.randn(32, 8)
+outs = program(x, w)
+assert [tuple(o.shape) for o in outs] == [(64, 8), (33,)]
+heavy = [m for m in sys.modules if m.startswith(("triton", "torch._dynamo", "torch._inductor", "sympy"))]
+print("launches", ctypes.c_int.in_dll(ctypes.CDLL({library!r}), "launches").value, "heavy", heavy)
+"""
+
+
+def test_a_gpu_artifact_loads_and_launches_every_kernel_through_the_driver(fake_sm90, tmp_path, monkeypatch):
+    """Against the stand-in driver (its launches compute nothing): the loaded program binds
+    each kernel to its cubin and launches it with as many pointers as it was compiled for,
+    importing neither Triton, Dynamo nor sympy."""
+    import os
+    import subprocess
+    import sys
+
+    import stand_in_cuda
+
+    library = stand_in_cuda.build(tmp_path)
+    if library is None:
+        pytest.skip("needs a C compiler to build the stand-in driver")
+    monkeypatch.setattr(artifact, "_code_generator", lambda devices: "triton")
+    x, w = _inputs()
+    path = kiln.export(_f, (x, w), tmp_path / "f.kiln")
+    launches = sum(1 for i in json.loads((path / "host.json").read_text())["body"] if i["instr"] == "Launch")
+    script = LOAD_WITH_STAND_IN.format(
+        fake_gpu=stand_in_cuda.FAKE_GPU.format(library=str(library)), path=str(path), library=str(library)
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["launches", str(launches), "heavy", "[]"]

@@ -5,58 +5,20 @@ scratch pointers, and the grid, program size, shared memory and stream are the b
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import pytest
+import stand_in_cuda
 import torch
 
 from kiln.runtime import cuda_driver
 from kiln.runtime.triton_abi import KernelBinary
 
-FAKE_DRIVER = r"""
-#include <stdint.h>
-#include <string.h>
-typedef int CUresult;
-int param_count = 0, launches = 0, fail_with = 0;
-uint64_t seen_params[32];
-unsigned seen_dims[7];
-void *seen_stream, *seen_function;
-char seen_name[128], seen_image[4];
-CUresult cuGetErrorName(CUresult r, const char **s) { *s = "CUDA_ERROR_STAND_IN"; return 0; }
-CUresult cuDeviceGet(int *d, int ordinal) { *d = ordinal; return 0; }
-CUresult cuDeviceGetAttribute(int *v, int attribute, int d) { *v = 232448; return 0; }
-CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)0x1000; return 0; }
-CUresult cuCtxGetCurrent(void **c) { *c = (void *)0x1000; return 0; }
-CUresult cuCtxSetCurrent(void *c) { return 0; }
-CUresult cuModuleLoadData(void **m, const void *image) {
-  memcpy(seen_image, image, 4); *m = (void *)0x2000; return 0;
-}
-CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
-  strncpy(seen_name, name, 127); *f = (void *)0x3000; return 0;
-}
-CUresult cuFuncGetAttribute(int *v, int attribute, void *f) { *v = attribute == 0 ? 1024 : 0; return 0; }
-CUresult cuFuncSetAttribute(void *f, int attribute, int v) { return 0; }
-CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                        unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
-  unsigned dims[7] = {gx, gy, gz, bx, by, bz, shared};
-  memcpy(seen_dims, dims, sizeof dims);
-  seen_function = f; seen_stream = stream;
-  for (int i = 0; i < param_count; i++) seen_params[i] = *(uint64_t *)params[i];
-  launches++;
-  return fail_with;
-}
-"""
-
 
 @pytest.fixture
 def stand_in_driver(tmp_path, monkeypatch):
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
+    library = stand_in_cuda.build(tmp_path)
+    if library is None:
         pytest.skip("needs a C compiler to build the stand-in driver")
-    (tmp_path / "driver.c").write_text(FAKE_DRIVER)
-    library = tmp_path / "libcuda_stand_in.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(tmp_path / "driver.c")], check=True)
     monkeypatch.setattr(cuda_driver, "LIBRARY", str(library))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "init", lambda: None)

@@ -302,7 +302,9 @@ def load(path: str | Path) -> LoadedProgram:
                             "export it again here")
     host = HostProgram.from_dict(json.loads((path / "host.json").read_text()),
                                  (path / "constants.pt").read_bytes())
-    state_dict = torch.load(path / "state.pt", weights_only=True)
+    # GPU weights are read from the file mapped into memory and copied once, to the GPU; CPU
+    # weights are read into memory (a mapped file cut short under a running program kills it)
+    state_dict = torch.load(path / "state.pt", weights_only=True, mmap=on_gpu)
     libraries: dict[str, ctypes.CDLL] = {}
     if on_gpu:
         launchers = _gpu_launchers(path, manifest, device)
