@@ -259,8 +259,12 @@ def _store(e: cache.Entry, key: GraphKey, report, made: list[errors.Fallback]) -
 
 
 def _binaries(report) -> dict[str, list] | None:
-    """Every kernel's binaries, when each kernel has them (a GPU program): else None."""
+    """Every kernel's binaries, when each kernel has them (a GPU program): else None, and
+    where a GPU kernel's binary cannot be stored, STATS counts why."""
     stored = {k.name: report.binaries.get(k.name) for k in report.kernels}
+    reasons = [b for b in stored.values() if isinstance(b, str)]
+    if reasons:
+        STATS[f"binaries not stored: {reasons[0]}"] += 1
     if not stored or not all(isinstance(b, list) and b for b in stored.values()):
         return None
     return stored
