@@ -12,7 +12,7 @@ FAKE_DRIVER = r"""
 #include <stdint.h>
 #include <string.h>
 typedef int CUresult;
-int param_count = 0, launches = 0, fail_with = 0;
+int param_count = 0, launches = 0, fail_with = 0, fail_once_with = 0, context_sets = 0;
 uint64_t seen_params[32];
 unsigned seen_dims[7];
 void *seen_stream, *seen_function;
@@ -22,7 +22,7 @@ CUresult cuDeviceGet(int *d, int ordinal) { *d = ordinal; return 0; }
 CUresult cuDeviceGetAttribute(int *v, int attribute, int d) { *v = 232448; return 0; }
 CUresult cuDevicePrimaryCtxRetain(void **c, int d) { *c = (void *)0x1000; return 0; }
 CUresult cuCtxGetCurrent(void **c) { *c = (void *)0x1000; return 0; }
-CUresult cuCtxSetCurrent(void *c) { return 0; }
+CUresult cuCtxSetCurrent(void *c) { context_sets++; return 0; }
 CUresult cuModuleLoadData(void **m, const void *image) {
   memcpy(seen_image, image, 4); *m = (void *)0x2000; return 0;
 }
@@ -38,6 +38,11 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
   seen_function = f; seen_stream = stream;
   for (int i = 0; i < param_count; i++) seen_params[i] = *(uint64_t *)params[i];
   launches++;
+  if (fail_once_with) {
+    int result = fail_once_with;
+    fail_once_with = 0;
+    return result;
+  }
   return fail_with;
 }
 """

@@ -71,6 +71,16 @@ def test_a_failed_launch_names_the_kernel_and_the_error(stand_in_driver):
         launch(torch.empty(1), torch.empty(1), torch.empty(1))
 
 
+def test_a_thread_without_a_current_context_is_given_the_primary_one(stand_in_driver):
+    lib = stand_in_driver
+    launch = cuda_driver.BinaryLaunch(_binary(), 0)
+    sets = ctypes.c_int.in_dll(lib, "context_sets").value
+    ctypes.c_int.in_dll(lib, "fail_once_with").value = 201  # CUDA_ERROR_INVALID_CONTEXT
+    launch(torch.empty(1), torch.empty(1), torch.empty(1))
+    assert ctypes.c_int.in_dll(lib, "launches").value == 2  # refused, then launched
+    assert ctypes.c_int.in_dll(lib, "context_sets").value == sets + 1
+
+
 def test_a_binary_for_another_architecture_is_not_loaded(stand_in_driver):
     with pytest.raises(RuntimeError, match="compiled for sm_80; GPU 0 is sm_90"):
         cuda_driver.BinaryLaunch(_binary(arch=80), 0)

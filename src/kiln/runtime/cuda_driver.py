@@ -23,6 +23,7 @@ _FUNC_MAX_THREADS_PER_BLOCK = 0
 _FUNC_SHARED_SIZE_BYTES = 1
 _FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _DEVICE_MAX_SHARED_PER_BLOCK_OPTIN = 97
+_INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT
 # Above this much dynamic shared memory a function must opt in (cuFuncSetAttribute).
 _DEFAULT_SHARED_LIMIT = 48 * 1024
 
@@ -131,9 +132,15 @@ def load_function(binary: KernelBinary, device: int) -> int:
                 "cuFuncSetAttribute",
             )
     finally:
-        if current.value != context:
+        if current.value not in (None, context):  # another context was current: it stays so
             lib.cuCtxSetCurrent(current.value)
     return function.value
+
+
+def make_primary_current(device: int) -> None:
+    """Make the device's primary context current on this thread (one that has not used CUDA
+    through PyTorch yet has none)."""
+    _check(_driver().cuCtxSetCurrent(_primary_context(device)), "cuCtxSetCurrent")
 
 
 class BinaryLaunch:
@@ -169,9 +176,11 @@ class BinaryLaunch:
             return
         g0, g1, g2 = b.grid
         stream = self._stream(self.device)
-        result = self._launch(
-            self.function, g0, g1, g2, b.threads, 1, 1, b.shared, stream, self._params, None
-        )
+        args = (self.function, g0, g1, g2, b.threads, 1, 1, b.shared, stream, self._params, None)
+        result = self._launch(*args)
+        if result == _INVALID_CONTEXT:  # a thread without a current context: give it PyTorch's
+            make_primary_current(self.device)
+            result = self._launch(*args)
         if result != 0:
             _check(result, f"launching {b.name}")
 
