@@ -140,6 +140,7 @@ def launch_arguments(
     return [*pointers, global_scratch, profile_scratch]
 
 
+@functools.cache
 def installed_version() -> str:
     """Triton's version without importing it (importing triton imports its compiler)."""
     try:
