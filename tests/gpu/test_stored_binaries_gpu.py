@@ -139,3 +139,32 @@ def test_a_warm_process_launches_the_graph_caches_binaries(tmp_path):
     assert (entry / "binaries.json").is_file() and list((entry / "cubins").glob("*.cubin"))
     warm = _run(WARM, tmp_path, WARM_PROCESS="1")
     assert "from stored binaries" in warm and "0 kernels compiled" in warm
+
+
+WARM_TRAINING = """
+    import os, torch, kiln
+    from kiln.frontend.backend import REPORTS
+    from kiln.runtime import compile_pool
+
+    if os.environ.get("WARM_PROCESS"):
+        def refuse(args):
+            raise AssertionError(f"Triton compiled {args.kernel_name} in a warm process")
+        compile_pool.compile_in_process = refuse
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LayerNorm(256), torch.nn.Linear(256, 256), torch.nn.GELU()).cuda()
+    x = torch.randn(64, 256, device="cuda")
+    kiln.compile(model)(x).square().mean().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model(x).square().mean().backward()
+    for a, e in zip(got, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    print(" | ".join(p.summary for r in REPORTS for p in r.passes))
+"""
+
+
+def test_a_warm_training_step_launches_both_programs_from_stored_binaries(tmp_path):
+    _run(WARM_TRAINING, tmp_path)
+    warm = _run(WARM_TRAINING, tmp_path, WARM_PROCESS="1")
+    assert warm.count("from stored binaries") == 2, warm  # the forward and the backward program
