@@ -158,22 +158,24 @@ def _write_binaries(report, folder: Path) -> tuple[dict, dict]:
 
     target = triton_abi.current_target()
     maybe_unaligned = {i.kernel for i in report.host_program.body if isinstance(i, Launch) and not i.aligned}
-    kernels = {}
+    chosen = {}
     for kern in report.kernels:
         stored = report.binaries.get(kern.name)
         if not isinstance(stored, list) or len(stored) != 1:
             raise NotImplementedError(f"kiln.export: kernel {kern.name} cannot be stored as one binary "
                                       f"({stored if isinstance(stored, str) else 'no single configuration'})")
-        binary = stored[0]
-        any_address = None
-        if kern.name in maybe_unaligned:
-            any_address = triton_build.any_alignment_binary(kern, report.sources[kern.name], binary.config,
-                                                            target)
-        for b in (binary, any_address):
+        chosen[kern.name] = stored[0]
+    unaligned = [k for k in report.kernels if k.name in maybe_unaligned]
+    any_address = dict(zip((k.name for k in unaligned), triton_build.any_alignment_binaries(
+        [(k, report.sources[k.name], chosen[k.name].config) for k in unaligned], target)))
+    kernels = {}
+    for kern in report.kernels:
+        binary, anywhere = chosen[kern.name], any_address.get(kern.name)
+        for b in (binary, anywhere):
             if b is not None:
                 (folder / f"{b.cubin_sha256}.cubin").write_bytes(b.cubin)
         kernels[kern.name] = {"binary": binary.to_dict(),
-                              "any alignment": any_address.to_dict() if any_address is not None else None}
+                              "any alignment": anywhere.to_dict() if anywhere is not None else None}
     return kernels, {"arch": f"sm_{target[1]}"}
 
 

@@ -272,19 +272,25 @@ def binaries_of(variants: dict[Config, object], grid: Callable[[Config], tuple],
     return binaries
 
 
-def any_alignment_binary(kernel: Kernel, source: str, config: Config, target: tuple) -> KernelBinary | None:
-    """The binary of a kernel compiled for tensors at any address (what an artifact launches
-    when a caller's tensor is off a 16-byte boundary); None when the kernel's binaries take
-    any address already."""
+def any_alignment_binaries(jobs: list[tuple[Kernel, str, Config]],
+                           target: tuple) -> list[KernelBinary | None]:
+    """Per (kernel, source, configuration), its binary compiled for tensors at any address
+    (what an artifact launches when a caller's tensor is off a 16-byte boundary), compiled
+    together (in parallel); None where the kernel's binaries take any address already."""
     from kiln.codegen.triton import assumes_aligned_tensors, grid
 
-    if not assumes_aligned_tensors(kernel):
-        return None
-    _, path, _ = _load(kernel, source)
-    job = compile_args(kernel, path, config, target, any_alignment=True)
-    compiled = _compile_at_register_budgets([job])[0]
-    binary = binaries_of({config: compiled}, functools.partial(grid, kernel), kernel.name)
-    return binary[0] if isinstance(binary, list) else None
+    wanted = [(kernel, source, config) for kernel, source, config in jobs if assumes_aligned_tensors(kernel)]
+    args = [compile_args(kernel, _load(kernel, source)[1], config, target, any_alignment=True)
+            for kernel, source, config in wanted]
+    compiled = {kernel.name: c for (kernel, _, _), c in zip(wanted, _compile_at_register_budgets(args))}
+    out = []
+    for kernel, _, config in jobs:
+        binary = None
+        if kernel.name in compiled:
+            found = binaries_of({config: compiled[kernel.name]}, functools.partial(grid, kernel), kernel.name)
+            binary = found[0] if isinstance(found, list) else None
+        out.append(binary)
+    return out
 
 
 def _jit_function(kernel: Kernel, source: str):
