@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-import sympy
-
+from kiln.ir import sizes
 from kiln.ir.sizes import (
     Size,
     exact_div,
@@ -95,7 +94,7 @@ class Expr:
         return self + as_expr(other) * -1
 
     def __mul__(self, k: Size) -> Expr:
-        if isinstance(k, bool) or not isinstance(k, (int, sympy.Expr)):
+        if isinstance(k, bool) or not (isinstance(k, int) or _is_size_expr(k)):
             raise TypeError(f"index expressions scale by integers and sizes, not {type(k).__name__}")
         return _make([(a, c * k) for a, c in self.terms], simplify(self.const * k))
 
@@ -176,14 +175,18 @@ def atom_bounds(atom: Atom) -> tuple[Size, Size] | None:
     if isinstance(atom.divisor, int) and isinstance(inner[0], int) and isinstance(inner[1], int):
         return inner[0] // atom.divisor, inner[1] // atom.divisor
     if known_le(0, inner[0]):  # non-negative: the quotient lies in [0, hi // d]
-        return 0, simplify(sympy.floor(sympy.sympify(inner[1]) / atom.divisor))
+        return 0, simplify(sizes.sympy.floor(sizes.sympy.sympify(inner[1]) / atom.divisor))
     return None
+
+
+def _is_size_expr(v: object) -> bool:
+    return sizes._is_sympy(v) and isinstance(v, sizes.sympy.Expr)
 
 
 def as_expr(v: Expr | Atom | Size) -> Expr:
     if isinstance(v, Expr):
         return v
-    if isinstance(v, (int, sympy.Expr)):
+    if isinstance(v, int) or _is_size_expr(v):
         return Expr((), simplify(v))
     return Expr(((v, 1),), 0)
 

@@ -18,11 +18,29 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 from typing import Any, Iterator, Union
 
-import sympy
 
-Size = Union[int, sympy.Expr]
+class _Sympy:
+    """sympy, imported at its first use: a process that only runs programs of fixed sizes
+    (a loaded artifact) never needs it, and importing it takes a large part of a load."""
+
+    def __getattr__(self, name: str) -> Any:
+        import sympy as module
+
+        globals()["sympy"] = module
+        return getattr(module, name)
+
+
+sympy: Any = _Sympy()
+
+Size = Union[int, "sympy.Expr"]
+
+
+def _is_sympy(value: Any) -> bool:
+    """Whether value is a sympy object (none can be before sympy is imported)."""
+    return "sympy" in sys.modules and isinstance(value, sympy.Basic)
 
 
 class NeedsNumber(Exception):
@@ -59,7 +77,7 @@ def as_size(value: Any) -> Size:
         value = maybe if maybe is not None else node.expr
     if isinstance(value, int):
         return value
-    if isinstance(value, sympy.Basic):
+    if _is_sympy(value):
         if value.is_Integer:
             return int(value)
         return value
@@ -69,7 +87,7 @@ def as_size(value: Any) -> Size:
 
 
 def is_symbolic(s: Any) -> bool:
-    return isinstance(s, sympy.Basic) and not s.is_Integer
+    return _is_sympy(s) and not s.is_Integer
 
 
 def symbols(*sizes: Any) -> set[sympy.Symbol]:
@@ -78,13 +96,13 @@ def symbols(*sizes: Any) -> set[sympy.Symbol]:
     for s in sizes:
         if isinstance(s, (tuple, list)):
             out |= symbols(*s)
-        elif isinstance(s, sympy.Basic):
+        elif _is_sympy(s):
             out |= s.free_symbols
     return out
 
 
 def simplify(s: Size) -> Size:
-    if isinstance(s, sympy.Basic):
+    if _is_sympy(s):
         s = sympy.expand(_exact_floordivs(s))
         return int(s) if s.is_Integer else s
     return s
@@ -314,6 +332,8 @@ def render(s: Size, names: dict | None = None, lang: str = "c") -> str:
 
 def parse(text: str) -> Size:
     """A size from its text (str(size)): symbols are positive integers, as Dynamo's are."""
+    if text.isdigit():
+        return int(text)
     expr = sympy.sympify(text, locals=_parse_locals(text))
     return int(expr) if expr.is_Integer else expr
 

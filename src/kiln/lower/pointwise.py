@@ -238,6 +238,11 @@ def _copy(ctx: LowerCtx, dst, src, non_blocking=False):
     return cast(ctx.b, expand(ctx.b, src, dst.shape), dst.dtype)
 
 
-@lowering(torch.ops.prims.fma.default)
+# prims.fma exists once something registers it (Inductor's prims, which some decompositions
+# produce): a graph can hold it only then
+_FMA = getattr(torch.ops.prims, "fma", None)
+
+
+@lowering(*([_FMA.default] if _FMA is not None else []))
 def _fma(ctx: LowerCtx, a, b, c):
     return pointwise(ctx.b, "add", pointwise(ctx.b, "mul", a, b), c, out_dtype=ctx.out_dtype)

@@ -96,6 +96,8 @@ class CompileReport:
     numerics: Any = None  # tools/check.py's NumericsReport, once a checked first call ran
     buffer_layouts: dict = field(default_factory=dict)  # buffer -> (dtype, shape), for passes/peak.py
     family: str = ""  # a program of a shape family: each size symbol, where it is read, its traced value
+    # kernel -> its launch configurations' compiled binaries (GPU kernels), or why none
+    binaries: dict = field(default_factory=dict)
 
     @property
     def num_kernels(self) -> int:
@@ -223,6 +225,7 @@ def _compile_graph(
         kern_list = rendered
         launchers, report.cache_hits = backend.build(kern_list, [report.sources[k.name] for k in kern_list])
         by_name = {kern.name: launch for kern, launch in zip(kern_list, launchers)}
+        report.binaries = {name: fn.binaries() for name, fn in by_name.items() if hasattr(fn, "binaries")}
         call, report.host_source = host_codegen.load_with_source(host, by_name)
         report.program = weakref.ref(call)
         if check:

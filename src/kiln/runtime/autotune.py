@@ -9,119 +9,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Callable
 
 import torch
 
 from kiln import logs
+from kiln.runtime import triton_abi
 from kiln.runtime.cache import write_atomic
 
 Config = tuple[int, int, int]  # XBLOCK, RBLOCK, num_warps
-
-
-# Triton builds a C launcher per kernel signature: a C compiler run when its cache is cold.
-# kiln's kernels take nothing but pointers, and the GPU reads only as many parameters
-# as a kernel declares, so one launcher built for up to 8, 16, 32... pointers serves every
-# kernel with as many or fewer, given None (a null pointer) for the rest: the null scratch
-# pointers a kernel without scratch memory would get anyway.
-_SHARED_LAUNCHERS: dict[tuple, object] = {}
-
-
-def _shared_launcher(n_pointers: int, metadata) -> tuple[object, int] | None:
-    """The launcher for kernels of up to n_pointers pointers (rounded up) and its width, or
-    None when the kernel needs what only its own launcher passes (scratch memory)."""
-    if (
-        metadata.global_scratch_size
-        or metadata.profile_scratch_size
-        or getattr(metadata, "tensordesc_meta", None)
-    ):
-        return None
-    width = max(8, 1 << (n_pointers - 1).bit_length())
-    key = (width, metadata.num_ctas, metadata.launch_cooperative_grid, metadata.launch_pdl)
-    if key not in _SHARED_LAUNCHERS:
-        from triton.runtime.driver import driver
-
-        signature = SimpleNamespace(constants={}, signature={i: "*i8" for i in range(width)})
-        _SHARED_LAUNCHERS[key] = driver.active.launcher_cls(signature, metadata)
-    return _SHARED_LAUNCHERS[key], width
-
-
-def _load_function(compiled):
-    """The compiled kernel loaded on the current GPU (Triton's own loading would also build
-    the kernel's launcher)."""
-    from triton.runtime.driver import driver
-
-    device = driver.active.get_current_device()
-    meta = compiled.metadata
-    if meta.shared > driver.active.utils.get_device_properties(device)["max_shared_mem"]:
-        raise RuntimeError(
-            f"kiln: {compiled.name} needs {meta.shared} bytes of shared memory, more than the GPU has"
-        )
-    _, function, _, _, max_threads = driver.active.utils.load_binary(
-        compiled.name, compiled.kernel, meta.shared, device
-    )
-    if meta.num_warps * 32 > max_threads:
-        raise RuntimeError(
-            f"kiln: {compiled.name} needs {meta.num_warps * 32} threads, more than it can have"
-        )
-    return function
-
-
-def _direct_launch(compiled, grid: tuple[int, int, int], config: Config, n_pointers: int) -> Callable:
-    """Call the C launch function with everything fixed ahead: per launch, only the current
-    stream is looked up (a fraction of Triton's generic launch path)."""
-    device = torch.cuda.current_device()
-    current_stream = torch._C._cuda_getCurrentRawStream
-    g0, g1, g2 = grid
-    shared = _shared_launcher(n_pointers, compiled.metadata)
-    if shared is None:
-        compiled._init_handles()
-        run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
-        xblock, rblock, _ = config
-
-        def launch(*args):
-            run(
-                g0,
-                g1,
-                g2,
-                current_stream(device),
-                function,
-                metadata,
-                None,
-                None,
-                None,
-                *args,
-                xblock,
-                rblock,
-            )
-
-        return launch
-    launcher, width = shared
-    c_launch, function, metadata = launcher.launch, _load_function(compiled), compiled.packed_metadata
-    cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
-    padding = (None,) * (width - n_pointers)
-
-    def launch(*args):
-        c_launch(
-            g0,
-            g1,
-            g2,
-            current_stream(device),
-            function,
-            cooperative,
-            pdl,
-            None,
-            None,
-            metadata,
-            None,
-            None,
-            None,
-            *args,
-            *padding,
-        )
-
-    return launch
 
 
 def saved_choice(record: Path) -> Config | None:
@@ -166,7 +62,7 @@ class TunedLauncher:
         self.aligned = self._launch(config)
 
     def _launch(self, config: Config) -> Callable:
-        return _direct_launch(self.variants[config], self.grid(config), config, self.n_pointers)
+        return triton_abi.direct_launch(self.variants[config], self.grid(config), config, self.n_pointers)
 
     def _tune(self, tensors) -> None:
         timings, launches = {}, {}
@@ -193,9 +89,18 @@ class TunedLauncher:
         self._tune(tensors)
         self.aligned(*tensors)
 
+    def _launch_unaligned(self, tensors) -> None:
+        x, r, w = self.choice or next(iter(self.variants))
+        self.jit_fn[self.grid((x, r, w))](*tensors, XBLOCK=x, RBLOCK=r, ALIGNED=False, num_warps=w)
+
     def __call__(self, *tensors) -> None:
         if not self.assumes_aligned or all(t.data_ptr() % 16 == 0 for t in tensors):
             self.aligned(*tensors)
         else:
-            x, r, w = self.choice or next(iter(self.variants))
-            self.jit_fn[self.grid((x, r, w))](*tensors, XBLOCK=x, RBLOCK=r, ALIGNED=False, num_warps=w)
+            self._launch_unaligned(tensors)
+
+    def binaries(self) -> list | str:
+        """Each configuration's binary (triton_abi.KernelBinary), or why one cannot be stored."""
+        from kiln.runtime import triton_build
+
+        return triton_build.binaries_of(self.variants, self.grid, self.__name__)

@@ -8,11 +8,13 @@ and requires_grad, the options that change code, a digest of kiln's own source, 
 Triton and C++ compiler versions, and the device.
 
 An entry is a folder: the canonical text (graph.txt, for `kiln cache why`), the host program
-as data (host.json and its tensor constants), and the kernels' IR and sources (kernels.pkl,
-kiln's own plain dataclasses). The kernel binaries stay in their own content-addressed
-entries (cpp/, triton/), shared between graphs and checked before each load; a hit asks the
-backend for them, which finds them in the cache and compiles nothing. A program holding
-objects that do not serialize is not cached (counted in STATS).
+as data (host.json and its tensor constants), the kernels' IR and sources (kernels.pkl,
+kiln's own plain dataclasses) and, for GPU kernels, their compiled binaries (binaries.json
+and cubins/: each launch configuration's cubin and launch metadata), which a hit launches
+through the CUDA driver without Triton. C++ libraries stay in their own content-addressed
+entries (cpp/), shared between graphs and checked before each load; a hit asks the backend
+for them, which finds them in the cache and compiles nothing. A program holding objects
+that do not serialize is not cached (counted in STATS).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from kiln.runtime import cache
 FOLDER = "graph"
 KIND = "graph"
 GRAPH_TEXT = "graph.txt"
+BINARIES = "binaries.json"
+CUBINS = "cubins"
 # What the graph cache did in this process: "hit", "miss", "not cached" (and why).
 STATS: Counter = Counter()
 # The entry folder each graph's program was loaded from or stored as (the joint cache names them).
@@ -235,12 +239,16 @@ def _store(e: cache.Entry, key: GraphKey, report, made: list[errors.Fallback]) -
             "passes": [(p.name, p.seconds, p.summary) for p in report.passes],
         }, protocol=pickle.HIGHEST_PROTOCOL)
 
+        binaries = _binaries(report)
+
         def write(folder: Path) -> None:
             folder.mkdir()
             (folder / GRAPH_TEXT).write_text(key.text)
             (folder / "host.json").write_text(host)
             (folder / "constants.pt").write_bytes(constants)
             (folder / "kernels.pkl").write_bytes(snapshot)
+            if binaries is not None:
+                write_binaries(folder, binaries)
 
         stored, _ = cache.load_or_build(e, write)
     except Exception as err:  # noqa: BLE001 - the program is compiled: failing to keep it loses nothing
@@ -248,6 +256,63 @@ def _store(e: cache.Entry, key: GraphKey, report, made: list[errors.Fallback]) -
             raise
         return f"storing failed ({type(err).__name__}: {err})"
     return stored
+
+
+def _binaries(report) -> dict[str, list] | None:
+    """Every kernel's binaries, when each kernel has them (a GPU program): else None, and
+    where a GPU kernel's binary cannot be stored, STATS counts why."""
+    stored = {k.name: report.binaries.get(k.name) for k in report.kernels}
+    reasons = [b for b in stored.values() if isinstance(b, str)]
+    if reasons:
+        STATS[f"binaries not stored: {reasons[0]}"] += 1
+    if not stored or not all(isinstance(b, list) and b for b in stored.values()):
+        return None
+    return stored
+
+
+def write_binaries(folder: Path, binaries: dict[str, list]) -> None:
+    """binaries.json (each kernel's binaries' metadata) and their cubins, named by digest."""
+    (folder / CUBINS).mkdir()
+    for stored in binaries.values():
+        for b in stored:
+            (folder / CUBINS / f"{b.cubin_sha256}.cubin").write_bytes(b.cubin)
+    data = {name: [b.to_dict() for b in stored] for name, stored in binaries.items()}
+    (folder / BINARIES).write_text(json.dumps(data, indent=1))
+
+
+def read_binaries(folder: Path) -> dict[str, list] | None:
+    """The binaries write_binaries wrote, or None when the folder holds none."""
+    from kiln.runtime.triton_abi import KernelBinary
+
+    if not (folder / BINARIES).is_file():
+        return None
+    data = json.loads((folder / BINARIES).read_text())
+    return {name: [KernelBinary.from_dict(d, (folder / CUBINS / f"{d['cubin_sha256']}.cubin").read_bytes())
+                   for d in stored] for name, stored in data.items()}
+
+
+def _runs_here(binaries: dict[str, list]) -> bool:
+    """Whether the binaries can run on this process's GPU (the key names the GPU already)."""
+    from kiln.runtime import triton_build
+
+    if triton_build.interpreted() or not torch.cuda.is_available():
+        return False
+    major, minor = torch.cuda.get_device_capability()
+    return all(b.arch == major * 10 + minor for stored in binaries.values() for b in stored)
+
+
+def _launchers(folder: Path, kernels: list, sources: list[str], backend) -> tuple[list[Callable], int, str]:
+    """The kernels' launchers: from the entry's binaries where it holds them for this GPU,
+    else built by the backend (which finds them in its cache); how many came from a cache
+    and where from."""
+    binaries = read_binaries(folder)
+    if binaries is not None and set(binaries) >= {k.name for k in kernels} and _runs_here(binaries):
+        from kiln.runtime import triton_build
+
+        stored = [binaries[k.name] for k in kernels]
+        return triton_build.launchers_from_binaries(kernels, sources, stored), len(kernels), "stored binaries"
+    launchers, hits = backend.build(kernels, sources)
+    return launchers, hits, "cache"
 
 
 def _load(folder: Path, backend, t0: float) -> tuple[Callable, Any]:
@@ -260,7 +325,8 @@ def _load(folder: Path, backend, t0: float) -> tuple[Callable, Any]:
     host = HostProgram.from_dict(json.loads((folder / "host.json").read_text()),
                                  (folder / "constants.pt").read_bytes())
     kernels = snapshot["kernels"]
-    launchers, hits = backend.build(kernels, [snapshot["sources"][k.name] for k in kernels])
+    launchers, hits, found_in = _launchers(folder, kernels, [snapshot["sources"][k.name] for k in kernels],
+                                           backend)
     call, host_source = host_codegen.load_with_source(host, {k.name: f for k, f in zip(kernels, launchers)})
     report = CompileReport(backend=backend.name, graph_text=snapshot["graph_text"],
                            decisions=snapshot["decisions"], fallbacks=snapshot["fallbacks"], kernels=kernels,
@@ -268,14 +334,16 @@ def _load(folder: Path, backend, t0: float) -> tuple[Callable, Any]:
                            cache_hits=hits, from_cache=folder.name, program=weakref.ref(call),
                            source_map=snapshot.get("source_map", {}),
                            node_origins=snapshot.get("node_origins", {}),
-                           buffer_layouts=snapshot.get("buffer_layouts", {}))
+                           buffer_layouts=snapshot.get("buffer_layouts", {}),
+                           binaries={k.name: f.binaries() for k, f in zip(kernels, launchers)
+                                     if hasattr(f, "binaries")})
     for record in snapshot["fallback records"]:  # what runs in ATen, told as a compile tells it
         errors.record(errors.Fallback(*record))
     compiled = sum(seconds for _, seconds, _ in snapshot["passes"])
     report.passes.append(PassRecord(
         "graph cache", time.perf_counter() - t0,
         f"hit {FOLDER}/{folder.name}: no pass run (they took {compiled:.3f} s); "
-        f"{len(kernels) - hits} kernels compiled, {hits} from cache"))
+        f"{len(kernels) - hits} kernels compiled, {hits} from {found_in}"))
     return call, report
 
 

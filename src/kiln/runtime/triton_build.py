@@ -1,6 +1,7 @@
 """Triton kernels: generated source written to the cache by content hash, imported, compiled
 for each launch configuration (in worker processes when there are several, see
-compile_pool) and wrapped in a launcher."""
+compile_pool) and wrapped in a launcher; or, from stored binaries (triton_abi.KernelBinary),
+launched through the CUDA driver without Triton (launchers_from_binaries)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.ir.kernel import Kernel
-from kiln.runtime import cache, compile_pool
+from kiln.runtime import cache, compile_pool, triton_abi
 from kiln.runtime.autotune import Config, TunedLauncher
+from kiln.runtime.triton_abi import KernelBinary
 
 
 @dataclass
@@ -27,9 +29,7 @@ def interpreted() -> bool:
 
 def versions() -> dict[str, str]:
     """The key components of a Triton kernel beyond its source."""
-    import triton
-
-    parts = {"triton version": triton.__version__, "triton interpreter": str(interpreted())}
+    parts = {"triton version": triton_abi.installed_version(), "triton interpreter": str(interpreted())}
     try:
         import torch
 
@@ -44,11 +44,14 @@ def versions() -> dict[str, str]:
     return parts
 
 
+def _source_entry(kernel: Kernel, source: str) -> cache.Entry:
+    components = cache.key_components(kernel=kernel.name, source=cache.text_digest(source), **versions())
+    return cache.entry("triton source", "triton", kernel.name, ".py", components)
+
+
 def _load(kernel: Kernel, source: str):
     """The kernel's @triton.jit function, from its source in the cache (checked before import)."""
-    components = cache.key_components(kernel=kernel.name, source=cache.text_digest(source), **versions())
-    entry = cache.entry("triton source", "triton", kernel.name, ".py", components)
-    path, cached = cache.load_or_build(entry, lambda temp: temp.write_text(source))
+    path, cached = cache.load_or_build(_source_entry(kernel, source), lambda temp: temp.write_text(source))
     return getattr(compile_pool.load_module(str(path)), kernel.name), path, cached
 
 
@@ -78,7 +81,7 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
     from kiln.codegen.triton import assumes_aligned_tensors, grid
 
     kernels = [(kernel, path) for (kernel, _), (_, path, _) in zip(jobs, loaded)]
-    all_variants = compile_variants(kernels, _current_target(), autotune)
+    all_variants = compile_variants(kernels, triton_abi.current_target(), autotune)
     builds = []
     for (kernel, path), (jit_fn, _, cached), variants in zip(kernels, loaded, all_variants):
         launcher = TunedLauncher(
@@ -199,13 +202,6 @@ def _compile_at_register_budgets(jobs: list[compile_pool.CompileArgs]) -> list:
     return compiled
 
 
-def _current_target() -> tuple:
-    from triton.runtime import driver
-
-    target = driver.active.get_current_target()
-    return target.backend, target.arch, target.warp_size
-
-
 _POINTER_TYPE = {
     "float32": "*fp32",
     "float64": "*fp64",
@@ -218,15 +214,6 @@ _POINTER_TYPE = {
     "uint8": "*u8",
     "bool": "*u1",
 }
-
-
-@functools.cache
-def _aligned_attr(target: tuple) -> list:
-    """The attribute Triton's JIT gives a pointer whose address is a multiple of 16."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-
-    return make_backend(GPUTarget(*target)).parse_attr("D")
 
 
 def _options(num_warps: int) -> dict:
@@ -244,17 +231,19 @@ def _options(num_warps: int) -> dict:
     }
 
 
-def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple) -> compile_pool.CompileArgs:
+def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple,
+                 any_alignment: bool = False) -> compile_pool.CompileArgs:
     """triton.compile's arguments for one launch configuration of a kernel, specialized as
     the JIT specializes tensors that are all 16-byte aligned (the direct launch's condition),
-    unless the kernel's rows are not (see below)."""
+    unless the kernel's rows are not (see below) or any_alignment asks for a binary that
+    takes tensors at any address."""
     xblock, rblock, warps = config
     signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
     signature.update(XBLOCK="constexpr", RBLOCK="constexpr", ALIGNED="constexpr")
     from kiln.codegen.triton import assumes_aligned_tensors
 
-    aligned = assumes_aligned_tensors(kernel)
-    attrs = {(i,): _aligned_attr(target) for i in range(len(kernel.params))} if aligned else {}
+    aligned = assumes_aligned_tensors(kernel) and not any_alignment
+    attrs = {(i,): triton_abi.aligned_attr(target) for i in range(len(kernel.params))} if aligned else {}
     constants = {"XBLOCK": xblock, "RBLOCK": rblock, "ALIGNED": aligned}
     return compile_pool.CompileArgs(
         str(path), kernel.name, signature, constants, attrs, tuple(target), _options(warps)
@@ -269,3 +258,56 @@ def compile_for_target(kernel: Kernel, source: str, arch: int = 90, warp_size: i
     return _compile_at_register_budgets(
         [compile_args(kernel, path, launch_config(kernel, False), ("cuda", arch, warp_size))]
     )[0]
+
+
+def binaries_of(variants: dict[Config, object], grid: Callable[[Config], tuple], name: str) -> list | str:
+    """Each configuration's CompiledKernel as a KernelBinary, or why one cannot be stored."""
+    binaries = []
+    for config, compiled in variants.items():
+        used = _resources(compiled)
+        binary = triton_abi.binary_of(compiled, config, grid(config), used[0] if used else None)
+        if isinstance(binary, str):
+            return f"{name} {binary}"
+        binaries.append(binary)
+    return binaries
+
+
+def any_alignment_binaries(jobs: list[tuple[Kernel, str, Config]],
+                           target: tuple) -> list[KernelBinary | None]:
+    """Per (kernel, source, configuration), its binary compiled for tensors at any address
+    (what an artifact launches when a caller's tensor is off a 16-byte boundary), compiled
+    together (in parallel); None where the kernel's binaries take any address already."""
+    from kiln.codegen.triton import assumes_aligned_tensors, grid
+
+    wanted = [(kernel, source, config) for kernel, source, config in jobs if assumes_aligned_tensors(kernel)]
+    args = [compile_args(kernel, _load(kernel, source)[1], config, target, any_alignment=True)
+            for kernel, source, config in wanted]
+    compiled = {kernel.name: c for (kernel, _, _), c in zip(wanted, _compile_at_register_budgets(args))}
+    out = []
+    for kernel, _, config in jobs:
+        binary = None
+        if kernel.name in compiled:
+            found = binaries_of({config: compiled[kernel.name]}, functools.partial(grid, kernel), kernel.name)
+            binary = found[0] if isinstance(found, list) else None
+        out.append(binary)
+    return out
+
+
+def _jit_function(kernel: Kernel, source: str):
+    return _load(kernel, source)[0]
+
+
+def launchers_from_binaries(kernels: list[Kernel], sources: list[str],
+                            binaries: list[list[KernelBinary]]) -> list[TunedLauncher]:
+    """Launchers over stored binaries, loaded through the CUDA driver: no Triton compile. A
+    kernel's source is imported (and JIT-compiled by Triton) only for tensors off 16-byte
+    boundaries; several configurations are tuned as compiled ones are, under the same record."""
+    from kiln.runtime.cuda_driver import BinaryLauncher
+
+    launchers = []
+    for kernel, source, stored in zip(kernels, sources, binaries):
+        record = _source_entry(kernel, source).path.with_suffix(".tune.json")
+        load_jit = functools.partial(_jit_function, kernel, source)
+        variants = {b.config: b for b in stored}
+        launchers.append(BinaryLauncher(kernel.name, variants, record, load_jit=load_jit))
+    return launchers
