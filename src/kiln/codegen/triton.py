@@ -217,7 +217,7 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
 _RANDOM = {"philox_uniform": "tl.rand", "philox_normal": "tl.randn"}
 
 
-_IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
+_IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1", "expsum": "0"}
 
 
 def _identity(kind: str, t: torch.dtype) -> str:
@@ -358,6 +358,9 @@ class _Renderer:
         if s.kind in ("argmax", "argmin"):
             self._arg_reduce(s, depth, t)
             return
+        if s.kind == "expsum":
+            self._expsum(s, depth)
+            return
         if self.split is not None:  # the body's or the edge's part, combined by _combine_parts
             part = f"{s.out}_{'edge' if self.edge else 'body'}"
             self.emit(depth, f"{part} = {self._tile_reduce(s.kind, masked, t)}")
@@ -371,6 +374,38 @@ class _Renderer:
             if s.kind in ("max", "min") and t.is_floating_point:
                 combine = combine[:-1] + ", propagate_nan=tl.PropagateNan.ALL)"
             self.emit(depth, f"{acc} = {combine}")
+
+    def _expsum(self, s: k.Reduce, depth: int) -> None:
+        """sum(exp(x - max x)) over the row. A whole row in one tile: its maximum, then the
+        sum. A loop over chunks: the running maximum raised to the chunk's and the sum so far
+        rescaled to it (m' = max(m, max chunk); s = s * exp(m - m') + sum exp(x - m')), so
+        the row is read once. A shift of -inf (no finite value yet) is taken as 0, so that
+        exp(-inf - -inf) never enters the sum."""
+        lanes = f"xmask & {self._lane_mask()}"
+        if self.split is not None:  # the body's or the edge's part, combined by _combine_parts
+            part = f"{s.out}_{'edge' if self.edge else 'body'}"
+            values = f"tl.where({lanes}, {s.value}, float('-inf'))"
+            self.emit(depth, f"{part}_max = tl.max(tl.max({values}, 1), 0)")
+            self.emit(depth, f"{part}_shift = tl.where({part}_max == float('-inf'), 0.0, {part}_max)")
+            terms = f"tl.where({lanes}, tl.exp({s.value} - {part}_shift), 0.0)"
+            self.emit(depth, f"{part} = tl.max(tl.sum({terms}, 1), 0)")
+            return
+        chunk_max = f"tl.max(tl.where({lanes}, {s.value}, float('-inf')), 1)[:, None]"
+        new = f"{s.out}_next" if not self.persistent else f"{s.out}_max"
+        self.emit(depth, f"{new} = {chunk_max}" if self.persistent
+                  else f"{new} = tl.maximum({s.out}_max, {chunk_max})")
+        self.emit(depth, f"{s.out}_shift = tl.where({new} == float('-inf'), 0.0, {new})")
+        terms = f"tl.sum(tl.where({lanes}, tl.exp({s.value} - {s.out}_shift), 0.0), 1)[:, None]"
+        if self.persistent:
+            self.emit(depth, f"{s.out} = {terms}")
+            self._expsum_finish(s, depth, s.out)
+            return
+        self.emit(depth, f"{s.out}_acc = {s.out}_acc * tl.exp({s.out}_max - {s.out}_shift) + {terms}")
+        self.emit(depth, f"{s.out}_max = {new}")
+
+    def _expsum_finish(self, s: k.Reduce, depth: int, acc: str) -> None:
+        """A row of -inf: each exp(x - max x) is exp(NaN), as in eager."""
+        self.emit(depth, f"{s.out} = tl.where({s.out}_max == float('-inf'), float('nan'), {acc})")
 
     def _tile_reduce(self, kind: str, tile: str, t: torch.dtype) -> str:
         """The tile reduced along its rows: [XBLOCK, 1], or with split rows (one row per
@@ -388,8 +423,15 @@ class _Renderer:
         return f"({value} > 0)" if kind in ("any", "all") else value
 
     def _combine_parts(self, s: k.Reduce) -> None:
-        """A split row's reduction: its body's part combined with its edge's."""
+        """A split row's reduction: its body's part combined with its edge's (an online sum's
+        parts each rescaled to the larger of their maxima)."""
         a, b = f"{s.out}_body", f"{s.out}_edge"
+        if s.kind == "expsum":
+            self.emit(1, f"{s.out}_max = tl.maximum({a}_max, {b}_max)")
+            self.emit(1, f"{s.out}_shift = tl.where({s.out}_max == float('-inf'), 0.0, {s.out}_max)")
+            rescaled = f"{a} * tl.exp({a}_max - {s.out}_shift) + {b} * tl.exp({b}_max - {s.out}_shift)"
+            self._expsum_finish(s, 1, rescaled)
+            return
         fp = compute_dtype(s.dtype).is_floating_point
         combined = {"sum": f"{a} + {b}", "prod": f"{a} * {b}", "any": f"{a} | {b}", "all": f"{a} & {b}",
                     "max": f"km.maximum_nan({a}, {b})" if fp else f"tl.maximum({a}, {b})",
@@ -414,6 +456,9 @@ class _Renderer:
             if r.kind in ("argmax", "argmin"):
                 self.emit(depth, f"{r.out}_best = tl.full([XBLOCK, RBLOCK], {ident}, {tl_type(t)})")
                 self.emit(depth, f"{r.out}_idx = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
+            elif r.kind == "expsum":  # per row: the running maximum and the sum rescaled to it
+                self.emit(depth, f"{r.out}_acc = tl.zeros([XBLOCK, 1], {tl_type(t)})")
+                self.emit(depth, f"{r.out}_max = tl.full([XBLOCK, 1], float('-inf'), {tl_type(t)})")
             else:
                 self.emit(depth, f"{r.out}_acc = tl.full([XBLOCK, RBLOCK], {ident}, {tl_type(t)})")
 
@@ -422,6 +467,8 @@ class _Renderer:
             t = compute_dtype(r.dtype)
             if r.kind in ("argmax", "argmin"):
                 self.emit(depth, f"{r.out} = km.{r.kind}({r.out}_best, {r.out}_idx)[:, None]")
+            elif r.kind == "expsum":
+                self._expsum_finish(r, depth, f"{r.out}_acc")
             else:
                 self.emit(depth, f"{r.out} = {self._tile_reduce(r.kind, r.out + '_acc', t)}")
 
