@@ -120,3 +120,24 @@ def test_triton_loops_rows_too_long_for_one_tile_once_for_max_and_sum():
     assert "t3_acc = t3_acc * tl.exp(t3_max - t3_shift)" in source
     persistent = triton.render_kernel(_softmax_kernel(1000))
     assert "for roffset" not in persistent and "t3_shift" in persistent
+
+
+def test_long_rows_read_again_keep_few_rows_in_flight():
+    # softmax over bf16 rows of 50304: after the max and sum, the normalization reads the row
+    # again, which comes from L2 only while the rows in flight fit there
+    softmax = _softmax_kernel_of(torch.randn(2, 50304, dtype=torch.bfloat16))
+    tile = triton.long_row_tile(softmax)
+    assert tile.config == (8192, 32) and "read again" in tile.reason
+    assert triton.launch_config(softmax, False) == (1, 8192, 32)
+    assert triton.candidate_configs(softmax)[0] == (1, 8192, 32)
+    # cross-entropy's forward reads each row once: the default tile
+    _, kernels = plan(lambda x, t: F.cross_entropy(x.float(), t), torch.randn(2, 50304, dtype=torch.bfloat16),
+                      torch.tensor([0, 5]))
+    (forward,) = [kern for kern in kernels if kern.reduce_numel == 50304]
+    assert triton.long_row_tile(forward).config == (2048, 8)
+
+
+def _softmax_kernel_of(x: torch.Tensor) -> k.Kernel:
+    _, kernels = plan(lambda x: torch.softmax(x, -1), x)
+    (kernel,) = kernels
+    return kernel

@@ -18,6 +18,7 @@ from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, FloorDiv, Sym
 from kiln.ir.kernel import compute_dtype
+from kiln.ir.sizes import is_symbolic
 
 # An element-wise kernel's mask must not change inside a 16-byte vector (at most 16 elements)
 # for Triton to load whole vectors.
@@ -32,6 +33,11 @@ SPLIT_EDGE = 32
 # fewer is split across more.
 BUSY_PROGRAMS = 1024
 COLUMN_BLOCK = 32  # outputs one program of a column reduction computes
+# Threads an H100/H200 keeps resident (132 multiprocessors of 2048), and the part of its 50 MB
+# L2 cache that rows read again by a later pass of their program may take (the rest holds
+# what the kernel writes, and lines of the other partition): see long_row_tile.
+RESIDENT_THREADS = 132 * 2048
+L2_ROW_BUDGET = 24 << 20
 
 TL_TYPE = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.bfloat16: "tl.bfloat16",
@@ -729,7 +735,7 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     if interpreted:
         return next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock)))), rblock, 4
     if not is_persistent(kernel):
-        return 1, rblock, 8
+        return (1, *long_row_tile(kernel).config)
     if rblock <= 1024:
         # smaller programs for short rows (2048 elements over 2 warps); rows off 16-byte
         # boundaries are loaded element by element, where 1024 elements per program pay
@@ -737,6 +743,32 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
         tile = 2048 if rows_aligned(kernel) else 1024
         return max(1, min(64, tile // rblock)), rblock, 2
     return max(1, min(64, 4096 // rblock)), rblock, 4
+
+
+@dataclass(frozen=True)
+class LongRowTile:
+    config: tuple[int, int]  # (RBLOCK, num_warps)
+    reason: str
+
+
+def long_row_tile(kernel: k.Kernel) -> LongRowTile:
+    """Chunk and warps of a row too long for one tile (one row per program, its passes back
+    to back). When a later pass reads the row again (softmax's normalization after its max
+    and sum), the rows in flight must fit in L2 for that read to come from L2 rather than
+    device memory: wider programs (more warps) hold as many threads with fewer rows in
+    flight. Each thread loads 8 elements of a chunk (16 bytes of bf16)."""
+    loads = [(i, s) for i, st in enumerate(kernel.stages) if st.loop for s in st.body
+             if isinstance(s, k.Load) and any(s.index.coef(r) == 1 for r in kernel.reduce)]
+    row_bytes = sum({s.buf: s.dtype.itemsize for _, s in loads}.values()) * kernel.reduce_numel
+    reread = len({i for i, _ in loads}) > 1
+    if not reread or is_symbolic(row_bytes):
+        return LongRowTile((2048, 8), "one pass over each row: nothing to keep in L2")
+    for warps in (8, 16, 32):
+        in_flight = RESIDENT_THREADS // (32 * warps)
+        if in_flight * row_bytes <= L2_ROW_BUDGET:
+            break
+    return LongRowTile((256 * warps, warps), f"rows of {row_bytes} bytes read again by a later pass: "
+                                             f"{in_flight} in flight at {warps} warps a row")
 
 
 def rows_aligned(kernel: k.Kernel) -> bool:
@@ -812,8 +844,8 @@ def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
                     options.append((xblock, rblock, warps))
     elif k.column_reduction(kernel):
         options = [(x, r, w) for x, r in ((64, 64), (128, 32), (32, 128), (256, 16)) for w in (4, 8)]
-    else:
-        options = [(1, r, w) for r in (1024, 2048, 4096) for w in (8, 16)]
+    else:  # the tiles that keep fewer long rows in flight first (long_row_tile)
+        options = [(1, 8192, 32), (1, 4096, 16), (1, 2048, 8), (1, 4096, 8), (1, 1024, 8), (1, 2048, 16)]
     out = [first]
     for c in options:
         if c not in out:
