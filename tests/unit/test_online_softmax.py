@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from planning import plan
+from planning import plan, tensor_graph
 from test_rules import inp, pw, row_of, row_reduce
 
 from kiln.codegen import cpp, triton
@@ -15,6 +15,7 @@ from kiln.ir.evaluate import evaluate
 from kiln.ir.tensor import Builder, Op, dim_syms
 from kiln.lower import core
 from kiln.passes import simplify as s
+from kiln.passes.split_reductions import split_reductions
 
 SHAPE = (2, 3)
 
@@ -141,3 +142,20 @@ def _softmax_kernel_of(x: torch.Tensor) -> k.Kernel:
     _, kernels = plan(lambda x: torch.softmax(x, -1), x)
     (kernel,) = kernels
     return kernel
+
+
+def test_an_online_sum_over_few_rows_splits_as_its_two_passes():
+    graph = tensor_graph(lambda x: torch.log_softmax(x, -1), torch.randn(4, 8192))
+    assert "reduce.expsum" in str(graph)
+    split, count = split_reductions(graph, busy_programs=1024, column_block=32)
+    kinds = [n.attrs[0] for n in split.nodes if n.op is Op.REDUCE]
+    assert count == 2 and "expsum" not in kinds
+    assert kinds.count("max") == 2 and kinds.count("sum") == 2  # partials, then their totals
+    x = torch.randn(4, 8192) * 5
+    (root,) = split.output_nodes()
+    (inp_node,) = [n for n in split.nodes if n.op is Op.INPUT]
+    got = evaluate([root], {inp_node: x}, wide=False)[root]
+    torch.testing.assert_close(got.float(), torch.log_softmax(x, -1), rtol=1e-5, atol=1e-5)
+    # rows enough to keep the GPU busy: one online pass a row
+    _, count = split_reductions(graph, busy_programs=4, column_block=32)
+    assert count == 0
