@@ -53,6 +53,18 @@ def test_sum_of_exp_needs_its_own_rows_maximum_of_the_same_values():
     assert s.sum_of_exp_in_one_pass(b, row_reduce(b, "sum", shifted)) is None
 
 
+def test_rows_a_backend_keeps_whole_stay_in_two_passes():
+    # a row kept whole (registers, a local array) is read once either way; its exps, computed
+    # once, serve a softmax's numerator too
+    b = Builder()
+    x = inp(b)
+    total = sum_of_shifted_exp(b, x)
+    assert s.sum_of_exp_in_one_pass(b, total, row_kept=SHAPE[1]) is None
+    assert s.sum_of_exp_in_one_pass(b, total, row_kept=SHAPE[1] - 1) is not None
+    (online,) = [r for r in s.all_rules(row_kept=SHAPE[1]) if r.__name__ == "sum_of_exp_in_one_pass"]
+    assert online(b, total) is None and online.__doc__
+
+
 def test_sum_of_exp_in_low_precision_is_left_alone():
     b = Builder()
     x = inp(b, dtype=torch.bfloat16)

@@ -15,7 +15,7 @@ import torch
 
 from kiln.ir import index as ix
 from kiln.ir.ops import POINTWISE_FNS
-from kiln.ir.sizes import is_symbolic
+from kiln.ir.sizes import is_symbolic, known_le, numel
 from kiln.ir.tensor import Builder, Graph, Node, Op, dim_syms
 from kiln.lower import core
 
@@ -177,13 +177,17 @@ def divide_by_softmax_sum(b: Builder, n: Node) -> Node | None:
     return _same(n, core.pointwise(b, "mul", a, core.view(b, reciprocal, den.attrs[0], den.shape)))
 
 
-def sum_of_exp_in_one_pass(b: Builder, n: Node) -> Node | None:
+def sum_of_exp_in_one_pass(b: Builder, n: Node, row_kept: int = 0) -> Node | None:
     """sum(exp(x - max x)) over axes == expsum(x) over axes: the online form keeps a running
     maximum m and a sum rescaled whenever m rises (m' = max(m, x); s' = s * exp(m - m') +
     exp(x - m')), so a row is read once instead of once for its maximum and once for the
     sum. Equal up to the rescales' roundings; the maximum itself stays a reduce.max, which
-    the same loop computes."""
+    the same loop computes. Rows of at most row_kept elements, which a backend keeps whole
+    (all_rules), are left in two passes: read once either way, they compute each exp once,
+    which softmax's numerator reads too."""
     if n.op is not Op.REDUCE or n.attrs[0] != "sum" or n.dtype not in (torch.float32, torch.float64):
+        return None
+    if known_le(numel(tuple(n.inputs[0].shape[a] for a in n.attrs[1])), row_kept):
         return None
     x = _exp_less_own_max(n.inputs[0], n.attrs[1])
     if x is None or x.dtype != n.dtype:
@@ -307,5 +311,16 @@ def _live(graph: Graph) -> set[Node]:
     return live
 
 
-def all_rules() -> list[Rule]:
-    return [r for rules in RULE_SETS.values() for r in rules]
+def all_rules(row_kept: int = 0) -> list[Rule]:
+    """Every rule; row_kept: the longest row the backend keeps whole (Backend.row_scratch_limit),
+    which sum_of_exp_in_one_pass leaves in two passes."""
+    rules = [r for rules in RULE_SETS.values() for r in rules]
+    if not row_kept:
+        return rules
+
+    def online(b: Builder, n: Node) -> Node | None:
+        return sum_of_exp_in_one_pass(b, n, row_kept)
+
+    online.__name__ = online.__qualname__ = sum_of_exp_in_one_pass.__name__
+    online.__doc__ = sum_of_exp_in_one_pass.__doc__
+    return [online if r is sum_of_exp_in_one_pass else r for r in rules]
