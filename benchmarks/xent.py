@@ -1,6 +1,7 @@
 """Cross-entropy forward+backward and long-row softmax: kiln, eager and Inductor in one process.
 
     PYTHONPATH=src python -m benchmarks.xent [--device cuda] [--cases xent,softmax] [--rows N]
+                                             [--mode max-autotune]
 
 Cases (on CUDA the issue's sizes; on the CPU smaller ones, or --rows):
   xent     loss = cross_entropy(logits.float(), targets), then d loss / d logits, bf16 logits
@@ -74,13 +75,14 @@ def cases(device: str, rows: int):
     yield "softmax", f"softmax {rows // 2}x{VOCAB} bf16", (x,), 2 * x.numel() * x.element_size()
 
 
-def variants(key: str):
+def variants(key: str, mode: str):
     import kiln
 
     if key == "xent":
-        return {"eager": xent_step(loss_fn), "inductor": xent_step(torch.compile(loss_fn)),
-                "kiln": xent_step(kiln.compile(loss_fn))}
-    return {"eager": softmax, "inductor": torch.compile(softmax), "kiln": kiln.compile(softmax)}
+        return {"eager": xent_step(loss_fn), "inductor": xent_step(torch.compile(loss_fn, mode=mode)),
+                "kiln": xent_step(kiln.compile(loss_fn, mode=mode))}
+    return {"eager": softmax, "inductor": torch.compile(softmax, mode=mode),
+            "kiln": kiln.compile(softmax, mode=mode)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cases", default="xent,softmax")
     parser.add_argument("--rows", type=int, default=0, help="cross-entropy rows (softmax: half)")
+    parser.add_argument("--mode", default="default", help="both compilers' mode (max-autotune: tuned tiles)")
     parsed = parser.parse_args(argv)
     device = parsed.device
     rows = parsed.rows or (8192 if device == "cuda" else 256)
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         copy = copy_seconds(moved, device)
         expected = None
-        for variant, fn in variants(key).items():
+        for variant, fn in variants(key, parsed.mode).items():
             torch._dynamo.reset()
             out = fn(*args)
             if expected is None:
