@@ -19,6 +19,9 @@ GENERATE = textwrap.dedent("""
         yield lambda a, b: (a.amax(0), a.argmax(-1), torch.tanh(a)[::2] * b[1::2]), (x, y)
         xb = torch.randn(2, 6000, dtype=torch.bfloat16)  # a looped (non-persistent) reduction
         yield lambda a: (a * torch.rsqrt(a.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(a.dtype), (xb,)
+        # the online sum of exp over looped rows: softmax, and cross-entropy's forward
+        yield lambda a: torch.softmax(a, -1), (xb,)
+        yield lambda a, t: F.cross_entropy(a.float(), t, ignore_index=1), (xb, torch.tensor([3, 1]))
         xo, wo = torch.randn(64, 1021, dtype=torch.bfloat16), torch.randn(1021, dtype=torch.bfloat16)
         # rows off 16-byte boundaries: aligned bodies and edges
         def softmax_and_rmsnorm(a, w):

@@ -170,3 +170,32 @@ def test_bf16_rounding_matches_eager_bit_for_bit():
     nan = want.isnan()
     assert torch.equal(got.isnan(), nan)
     assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))  # -0.0 and subnormals too
+
+
+@pytest.mark.parametrize("rows", [64, 1024])  # few rows split across programs; many are a program each
+def test_online_softmax_over_vocabulary_rows(rows):
+    x = torch.randn(rows, 50304, device=CUDA, dtype=torch.bfloat16) * 4
+    x[1, :100] = float("-inf")
+    x[2] = float("-inf")
+    x[3, 5] = 1e38
+    check(lambda x: (torch.softmax(x, -1), torch.log_softmax(x.float(), -1)), x, expect_native=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_forward_and_backward_over_vocabulary_rows(dtype):
+    logits = torch.randn(1024, 50304, device=CUDA, dtype=dtype) * 3
+    targets = torch.randint(0, 50304, (1024,), device=CUDA)
+    targets[::7] = -100
+
+    def loss(x, t):
+        return F.cross_entropy(x.float(), t, label_smoothing=0.1)
+
+    x, y = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    expected = loss(x, targets)
+    (expected_grad,) = torch.autograd.grad(expected, x)
+    torch._dynamo.reset()
+    actual = kiln.compile(loss)(y, targets)
+    (grad,) = torch.autograd.grad(actual, y)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype is torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(actual, expected, **tol)
+    torch.testing.assert_close(grad, expected_grad, **tol)

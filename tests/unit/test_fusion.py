@@ -35,7 +35,7 @@ def test_softmax_is_one_kernel_with_both_reductions_fused():
     sched, kernels = plan(lambda x: torch.softmax(x, -1), torch.randn(4, 16))
     assert len(kernels) == 1 and kernels[0].is_reduction
     fused = verdicts(sched, "fused")
-    assert [d.node.split()[1] for d in fused] == ["reduce.max", "reduce.sum"]
+    assert [d.node.split()[1] for d in fused] == ["reduce.max", "reduce.expsum"]
     assert all("row by row" in d.reason for d in fused)
     assert not verdicts(sched, "stored")
 

@@ -340,6 +340,7 @@ def test_every_rule_is_in_a_rule_set():
         "sum_of_one_hot",
         "divide_by_softmax_sum",
         "divide_by_power_of_two",
+        "sum_of_exp_in_one_pass",
     }
     for rule in s.all_rules():
         assert rule.__doc__, f"{rule.__name__} states its identity"

@@ -48,7 +48,9 @@ def test_rows_off_16_byte_boundaries_split_into_aligned_bodies_and_edges():
     assert "km.load_columns(in1, rhead + 0, 1021, ALIGNED, 4, RBLOCK)" in source
     assert "tl.load(in0 + (r0_e + 1021 * x0), mask=xmask & emask" in source
     assert "tl.store(out0 + (r0_e + 1021 * x0) + zero_edge" in source
-    assert "km.maximum_nan(" in source and "_body + " in source  # max and sum of body and edge
+    assert "km.maximum_nan(" in source  # the maximum of body and edge
+    assert "t3_max = tl.maximum(t3_body_max, t3_edge_max)" in source  # their sums, rescaled to it
+    assert "t3_body * tl.exp(t3_body_max - t3_shift)" in source
     assert tr.launch_config(odd_rows, False)[0] == 1 and tr.launch_config(odd_rows, True)[0] == 1
     _, (even_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1000), torch.randn(1000))
     assert tr.split_rows(even_rows) is None and "rbase" not in tr.render_source(even_rows)

@@ -218,7 +218,7 @@ def _round_like(expr: str, arg_types: list[torch.dtype]) -> str:
     return f"({expr})"
 
 
-_REDUCE_INIT = {"sum": "0", "prod": "1", "any": "false", "all": "true"}
+_REDUCE_INIT = {"sum": "0", "prod": "1", "any": "false", "all": "true", "expsum": "0"}
 
 
 def _reduce_init(kind: str, t: torch.dtype) -> str:
@@ -232,7 +232,9 @@ def _reduce_init(kind: str, t: torch.dtype) -> str:
     return f"std::numeric_limits<{ctype(t)}>::{'lowest' if low else 'max'}()"
 
 
-_OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&"}
+# expsum's accumulator in the SIMD loop is its block partial: a plain sum (see _expsum_block)
+_OMP_REDUCTION = {"sum": "+", "prod": "*", "max": "max", "min": "min", "any": "||", "all": "&&",
+                  "expsum": "+"}
 
 
 def _blocked_sums(reductions: list[k.Reduce]) -> list[k.Reduce]:
@@ -339,7 +341,9 @@ class _Renderer:
 
     def reduce_update(self, s: k.Reduce, depth: int) -> None:
         v, acc = s.value, self.block_partial.get(s.out, s.out)
-        if s.kind == "sum":
+        if s.kind == "expsum":
+            self.expsum_update(s, depth)
+        elif s.kind == "sum":
             self.emit(depth, f"{acc} += {v};")
         elif s.kind == "prod":
             self.emit(depth, f"{acc} *= {v};")
@@ -365,9 +369,28 @@ class _Renderer:
             self.emit(depth, f"if (!({best} != {best}) && (({nan}) || {v} {cmp} {best})) "
                              f"{{ {best} = {v}; {acc} = {render_index(s.index)}; }}")
 
+    def expsum_update(self, s: k.Reduce, depth: int) -> None:
+        """In a row loop, the block's terms against the shift _expsum_block chose; in a
+        column block (no row blocks), the online step per element."""
+        t = compute_dtype(s.dtype)
+        exp = "expf" if t is torch.float32 else "exp"
+        if s.out in self.block_partial:
+            self.emit(depth, f"{self.block_partial[s.out]} += {exp}({s.value} - {s.out}_shift);")
+            return
+        m, ct = f"{s.out}_max", ctype(t)
+        self.emit(depth, f"const {ct} {s.out}_next = {s.value} > {m} ? {s.value} : {m};")
+        self.emit(depth, f"const {ct} {s.out}_shift = {_finite_shift(s.out + '_next', t)};")
+        shift = f"{s.out}_shift"
+        self.emit(depth, f"{s.out} = {s.out} * {exp}({m} - {shift}) + {exp}({s.value} - {shift});")
+        self.emit(depth, f"{m} = {s.out}_next;")
+
     def reduce_init(self, s: k.Reduce, depth: int) -> None:
         t = compute_dtype(s.dtype)
-        if s.kind in ("argmax", "argmin"):
+        if s.kind == "expsum":
+            self.emit(depth, f"{ctype(t)} {s.out} = 0;")
+            self.emit(depth, f"{ctype(t)} {s.out}_max = {_reduce_init('max', t)};")
+            self.types[s.out] = t
+        elif s.kind in ("argmax", "argmin"):
             self.emit(depth, f"{ctype(t)} {s.out}_v = {_reduce_init(s.kind, t)};")
             self.emit(depth, f"int64_t {s.out} = 0;")
             self.types[s.out] = torch.int64
@@ -379,6 +402,9 @@ class _Renderer:
 
     def reduce_finish(self, s: k.Reduce, depth: int) -> None:
         t = compute_dtype(s.dtype)
+        if s.kind == "expsum":  # a row of -inf: each exp(x - max x) is exp(NaN), as in eager
+            self.emit(depth, f"if ({s.out}_max == {_reduce_init('max', t)}) "
+                             f"{s.out} = std::numeric_limits<{ctype(t)}>::quiet_NaN();")
         if s.kind in ("max", "min") and t.is_floating_point:
             self.emit(depth, f"if ({s.out}_nan) {s.out} = std::numeric_limits<{ctype(t)}>::quiet_NaN();")
 
@@ -388,6 +414,9 @@ class _Renderer:
             self.reduce_init(r, depth)
         syms = self.k.reduce
         sums = _blocked_sums(reductions) if _at_least(self.k.reduce_numel, SUM_BLOCK + 1) else []
+        expsums = [r for r in reductions if r.kind == "expsum"]
+        if expsums:  # rescaled once per block: blocks however short the row
+            sums = _blocked_sums(reductions) + expsums
         self.block_partial = {r.out: f"{r.out}_block" for r in sums}
         for i, sym in enumerate(syms[:-1]):
             self.emit(depth + i, f"for (int64_t {sym.name} = 0; {sym.name} < {sc(sym.extent)}; "
@@ -403,6 +432,8 @@ class _Renderer:
             for r in sums:
                 self.emit(inner, f"{ctype(compute_dtype(r.dtype))} {r.out}_block = 0;")
             start, stop = block, f"std::min<int64_t>({block} + {SUM_BLOCK}, {sc(last.extent)})"
+        for r in expsums:
+            self._expsum_block(r, stage, last.name, start, stop, inner)
         self.emit(inner, _simd_pragma(reductions, self.block_partial))
         self.emit(inner, f"for (int64_t {last.name} = {start}; {last.name} < {stop}; ++{last.name}) {{")
         for s in stage.body:
@@ -419,6 +450,27 @@ class _Renderer:
         for r in reductions:
             self.reduce_finish(r, depth)
 
+    def _expsum_block(self, r: k.Reduce, stage: k.Stage, i: str, start: str, stop: str, depth: int) -> None:
+        """Before a block's terms are summed: the block's maximum (a SIMD pass over the
+        block's values, which are in L1 cache), the running maximum raised to it and the
+        sum so far rescaled to it: m' = max(m, max block); s *= exp(m - m'). The block's
+        terms are then exp(x - m'), one exp each. A shift of -inf (no finite value yet)
+        is taken as 0, so that exp(-inf - -inf) never enters the sum."""
+        t = compute_dtype(r.dtype)
+        ct, exp = ctype(t), ("expf" if t is torch.float32 else "exp")
+        bmax = f"{r.out}_bmax"
+        self.emit(depth, f"{ct} {bmax} = {_reduce_init('max', t)};")
+        self.emit(depth, f"#pragma omp simd reduction(max:{bmax})")
+        self.emit(depth, f"for (int64_t {i} = {start}; {i} < {stop}; ++{i}) {{")
+        for s in _computing(stage.body, r.value):
+            self.stmt(s, depth + 1)
+        self.emit(depth + 1, f"{bmax} = {r.value} > {bmax} ? {r.value} : {bmax};")
+        self.emit(depth, "}")
+        self.emit(depth, f"const {ct} {r.out}_next = {bmax} > {r.out}_max ? {bmax} : {r.out}_max;")
+        self.emit(depth, f"const {ct} {r.out}_shift = {_finite_shift(r.out + '_next', t)};")
+        self.emit(depth, f"{r.out} *= {exp}({r.out}_max - {r.out}_shift);")
+        self.emit(depth, f"{r.out}_max = {r.out}_next;")
+
     # -------------------------------------------------------------- column reductions
     def _column_values(self, names: list[tuple[str, str]], depth: int, by_reference: bool,
                        array: dict[str, str] | None = None) -> None:
@@ -434,6 +486,8 @@ class _Renderer:
             return [(f"{s.out}_v", t), (s.out, "int64_t")]
         if s.kind in ("max", "min") and compute_dtype(s.dtype).is_floating_point:
             return [(s.out, t), (f"{s.out}_nan", "bool")]
+        if s.kind == "expsum":
+            return [(s.out, t), (f"{s.out}_max", t)]
         return [(s.out, t)]
 
     def render_column(self) -> str:
@@ -467,7 +521,8 @@ class _Renderer:
             for r in reductions:
                 t = compute_dtype(r.dtype)
                 self.types[r.out] = torch.int64 if r.kind in ("argmax", "argmin") else t
-                inits = {f"{r.out}_v": _reduce_init(r.kind, t), f"{r.out}_nan": "false"}
+                inits = {f"{r.out}_v": _reduce_init(r.kind, t), f"{r.out}_nan": "false",
+                         f"{r.out}_max": _reduce_init("max", t)}
                 for name, ctyp in self._column_accumulators(r):
                     init = inits.get(name, "0" if r.kind in ("argmax", "argmin") else _reduce_init(r.kind, t))
                     self.emit(depth, f"{ctyp} {name}_col[{xb}];")
@@ -515,7 +570,7 @@ class _Renderer:
                 for _ in kern.reduce[:-1]:
                     inner -= 1
                     self.emit(inner, "}")
-            if any(r.kind in ("max", "min") for r in reductions):
+            if any(r.kind in ("max", "min", "expsum") for r in reductions):
                 self.emit(depth, block_loop)
                 self._column_values(accumulators, depth + 1, by_reference=True)
                 for r in reductions:
@@ -588,6 +643,33 @@ class _Renderer:
         self.report_errors()
         self.emit(0, "}")
         return "\n".join(self.lines)
+
+
+def _finite_shift(m: str, t: torch.dtype) -> str:
+    """The running maximum m as the online sum's shift: 0 while m is -inf."""
+    return f"({m} == {_reduce_init('max', t)} ? ({ctype(t)})0 : {m})"
+
+
+def _computing(body: tuple[k.Stmt, ...], value: str) -> list[k.Stmt]:
+    """The statements of body that value is computed from (loads, constants, arithmetic),
+    in their order: what a pass over a block needs to recompute it."""
+    pure = (k.Load, k.Const, k.IndexValue, k.InBounds, k.Compute)
+    producers = {s.out: s for s in body if isinstance(s, pure)}
+    needed, stack = set(), [value]
+    while stack:
+        name = stack.pop()
+        s = producers.get(name)
+        if s is None or name in needed:
+            continue
+        needed.add(name)
+        if isinstance(s, k.Compute):
+            stack.extend(s.args)
+        if isinstance(s, k.Load) and s.mask:
+            stack.append(s.mask)
+        index = getattr(s, "index", None)
+        if index is not None:
+            stack.extend(sym.name for sym in index.symbols())
+    return [s for s in body if getattr(s, "out", None) in needed and not isinstance(s, k.Reduce)]
 
 
 def _loop_invariant(kernel: k.Kernel) -> set[int]:

@@ -18,6 +18,7 @@ from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, FloorDiv, Sym
 from kiln.ir.kernel import compute_dtype
+from kiln.ir.sizes import is_symbolic
 
 # An element-wise kernel's mask must not change inside a 16-byte vector (at most 16 elements)
 # for Triton to load whole vectors.
@@ -32,6 +33,11 @@ SPLIT_EDGE = 32
 # fewer is split across more.
 BUSY_PROGRAMS = 1024
 COLUMN_BLOCK = 32  # outputs one program of a column reduction computes
+# Threads an H100/H200 keeps resident (132 multiprocessors of 2048), and the part of its 50 MB
+# L2 cache that rows read again by a later pass of their program may take (the rest holds
+# what the kernel writes, and lines of the other partition): see long_row_tile.
+RESIDENT_THREADS = 132 * 2048
+L2_ROW_BUDGET = 24 << 20
 
 TL_TYPE = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.bfloat16: "tl.bfloat16",
@@ -217,7 +223,7 @@ def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
 _RANDOM = {"philox_uniform": "tl.rand", "philox_normal": "tl.randn"}
 
 
-_IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1"}
+_IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1", "expsum": "0"}
 
 
 def _identity(kind: str, t: torch.dtype) -> str:
@@ -358,6 +364,9 @@ class _Renderer:
         if s.kind in ("argmax", "argmin"):
             self._arg_reduce(s, depth, t)
             return
+        if s.kind == "expsum":
+            self._expsum(s, depth)
+            return
         if self.split is not None:  # the body's or the edge's part, combined by _combine_parts
             part = f"{s.out}_{'edge' if self.edge else 'body'}"
             self.emit(depth, f"{part} = {self._tile_reduce(s.kind, masked, t)}")
@@ -371,6 +380,38 @@ class _Renderer:
             if s.kind in ("max", "min") and t.is_floating_point:
                 combine = combine[:-1] + ", propagate_nan=tl.PropagateNan.ALL)"
             self.emit(depth, f"{acc} = {combine}")
+
+    def _expsum(self, s: k.Reduce, depth: int) -> None:
+        """sum(exp(x - max x)) over the row. A whole row in one tile: its maximum, then the
+        sum. A loop over chunks: the running maximum raised to the chunk's and the sum so far
+        rescaled to it (m' = max(m, max chunk); s = s * exp(m - m') + sum exp(x - m')), so
+        the row is read once. A shift of -inf (no finite value yet) is taken as 0, so that
+        exp(-inf - -inf) never enters the sum."""
+        lanes = f"xmask & {self._lane_mask()}"
+        if self.split is not None:  # the body's or the edge's part, combined by _combine_parts
+            part = f"{s.out}_{'edge' if self.edge else 'body'}"
+            values = f"tl.where({lanes}, {s.value}, float('-inf'))"
+            self.emit(depth, f"{part}_max = tl.max(tl.max({values}, 1), 0)")
+            self.emit(depth, f"{part}_shift = tl.where({part}_max == float('-inf'), 0.0, {part}_max)")
+            terms = f"tl.where({lanes}, tl.exp({s.value} - {part}_shift), 0.0)"
+            self.emit(depth, f"{part} = tl.max(tl.sum({terms}, 1), 0)")
+            return
+        chunk_max = f"tl.max(tl.where({lanes}, {s.value}, float('-inf')), 1)[:, None]"
+        new = f"{s.out}_next" if not self.persistent else f"{s.out}_max"
+        self.emit(depth, f"{new} = {chunk_max}" if self.persistent
+                  else f"{new} = tl.maximum({s.out}_max, {chunk_max})")
+        self.emit(depth, f"{s.out}_shift = tl.where({new} == float('-inf'), 0.0, {new})")
+        terms = f"tl.sum(tl.where({lanes}, tl.exp({s.value} - {s.out}_shift), 0.0), 1)[:, None]"
+        if self.persistent:
+            self.emit(depth, f"{s.out} = {terms}")
+            self._expsum_finish(s, depth, s.out)
+            return
+        self.emit(depth, f"{s.out}_acc = {s.out}_acc * tl.exp({s.out}_max - {s.out}_shift) + {terms}")
+        self.emit(depth, f"{s.out}_max = {new}")
+
+    def _expsum_finish(self, s: k.Reduce, depth: int, acc: str) -> None:
+        """A row of -inf: each exp(x - max x) is exp(NaN), as in eager."""
+        self.emit(depth, f"{s.out} = tl.where({s.out}_max == float('-inf'), float('nan'), {acc})")
 
     def _tile_reduce(self, kind: str, tile: str, t: torch.dtype) -> str:
         """The tile reduced along its rows: [XBLOCK, 1], or with split rows (one row per
@@ -388,8 +429,15 @@ class _Renderer:
         return f"({value} > 0)" if kind in ("any", "all") else value
 
     def _combine_parts(self, s: k.Reduce) -> None:
-        """A split row's reduction: its body's part combined with its edge's."""
+        """A split row's reduction: its body's part combined with its edge's (an online sum's
+        parts each rescaled to the larger of their maxima)."""
         a, b = f"{s.out}_body", f"{s.out}_edge"
+        if s.kind == "expsum":
+            self.emit(1, f"{s.out}_max = tl.maximum({a}_max, {b}_max)")
+            self.emit(1, f"{s.out}_shift = tl.where({s.out}_max == float('-inf'), 0.0, {s.out}_max)")
+            rescaled = f"{a} * tl.exp({a}_max - {s.out}_shift) + {b} * tl.exp({b}_max - {s.out}_shift)"
+            self._expsum_finish(s, 1, rescaled)
+            return
         fp = compute_dtype(s.dtype).is_floating_point
         combined = {"sum": f"{a} + {b}", "prod": f"{a} * {b}", "any": f"{a} | {b}", "all": f"{a} & {b}",
                     "max": f"km.maximum_nan({a}, {b})" if fp else f"tl.maximum({a}, {b})",
@@ -414,6 +462,9 @@ class _Renderer:
             if r.kind in ("argmax", "argmin"):
                 self.emit(depth, f"{r.out}_best = tl.full([XBLOCK, RBLOCK], {ident}, {tl_type(t)})")
                 self.emit(depth, f"{r.out}_idx = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
+            elif r.kind == "expsum":  # per row: the running maximum and the sum rescaled to it
+                self.emit(depth, f"{r.out}_acc = tl.zeros([XBLOCK, 1], {tl_type(t)})")
+                self.emit(depth, f"{r.out}_max = tl.full([XBLOCK, 1], float('-inf'), {tl_type(t)})")
             else:
                 self.emit(depth, f"{r.out}_acc = tl.full([XBLOCK, RBLOCK], {ident}, {tl_type(t)})")
 
@@ -422,6 +473,8 @@ class _Renderer:
             t = compute_dtype(r.dtype)
             if r.kind in ("argmax", "argmin"):
                 self.emit(depth, f"{r.out} = km.{r.kind}({r.out}_best, {r.out}_idx)[:, None]")
+            elif r.kind == "expsum":
+                self._expsum_finish(r, depth, f"{r.out}_acc")
             else:
                 self.emit(depth, f"{r.out} = {self._tile_reduce(r.kind, r.out + '_acc', t)}")
 
@@ -682,7 +735,7 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     if interpreted:
         return next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock)))), rblock, 4
     if not is_persistent(kernel):
-        return 1, rblock, 8
+        return (1, *long_row_tile(kernel).config)
     if rblock <= 1024:
         # smaller programs for short rows (2048 elements over 2 warps); rows off 16-byte
         # boundaries are loaded element by element, where 1024 elements per program pay
@@ -690,6 +743,32 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
         tile = 2048 if rows_aligned(kernel) else 1024
         return max(1, min(64, tile // rblock)), rblock, 2
     return max(1, min(64, 4096 // rblock)), rblock, 4
+
+
+@dataclass(frozen=True)
+class LongRowTile:
+    config: tuple[int, int]  # (RBLOCK, num_warps)
+    reason: str
+
+
+def long_row_tile(kernel: k.Kernel) -> LongRowTile:
+    """Chunk and warps of a row too long for one tile (one row per program, its passes back
+    to back). When a later pass reads the row again (softmax's normalization after its max
+    and sum), the rows in flight must fit in L2 for that read to come from L2 rather than
+    device memory: wider programs (more warps) hold as many threads with fewer rows in
+    flight. Each thread loads 8 elements of a chunk (16 bytes of bf16)."""
+    loads = [(i, s) for i, st in enumerate(kernel.stages) if st.loop for s in st.body
+             if isinstance(s, k.Load) and any(s.index.coef(r) == 1 for r in kernel.reduce)]
+    row_bytes = sum({s.buf: s.dtype.itemsize for _, s in loads}.values()) * kernel.reduce_numel
+    reread = len({i for i, _ in loads}) > 1
+    if not reread or is_symbolic(row_bytes):
+        return LongRowTile((2048, 8), "one pass over each row: nothing to keep in L2")
+    for warps in (8, 16, 32):
+        in_flight = RESIDENT_THREADS // (32 * warps)
+        if in_flight * row_bytes <= L2_ROW_BUDGET:
+            break
+    return LongRowTile((256 * warps, warps), f"rows of {row_bytes} bytes read again by a later pass: "
+                                             f"{in_flight} in flight at {warps} warps a row")
 
 
 def rows_aligned(kernel: k.Kernel) -> bool:
@@ -765,8 +844,8 @@ def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
                     options.append((xblock, rblock, warps))
     elif k.column_reduction(kernel):
         options = [(x, r, w) for x, r in ((64, 64), (128, 32), (32, 128), (256, 16)) for w in (4, 8)]
-    else:
-        options = [(1, r, w) for r in (1024, 2048, 4096) for w in (8, 16)]
+    else:  # the tiles that keep fewer long rows in flight first (long_row_tile)
+        options = [(1, 8192, 32), (1, 4096, 16), (1, 2048, 8), (1, 4096, 8), (1, 1024, 8), (1, 2048, 16)]
     out = [first]
     for c in options:
         if c not in out:

@@ -279,9 +279,16 @@ def _prod(x: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
     return _moved_last(x, axes).prod(-1)
 
 
+def _expsum(x: torch.Tensor, axes: tuple[int, ...]) -> torch.Tensor:
+    """sum(exp(x - max x)), as the two passes it replaces compute it."""
+    rows = _moved_last(x, axes)
+    return (rows - rows.amax(-1, keepdim=True)).exp().sum(-1)
+
+
 _REDUCTIONS: dict[str, Callable[[torch.Tensor, tuple[int, ...]], torch.Tensor]] = {
     "sum": lambda x, axes: x.sum(dim=axes),
     "prod": _prod,
+    "expsum": _expsum,
     "max": lambda x, axes: _moved_last(x, axes).amax(-1),
     "min": lambda x, axes: _moved_last(x, axes).amin(-1),
     "any": lambda x, axes: _moved_last(x, axes).any(-1),

@@ -25,7 +25,8 @@ class Op(enum.Enum):
     VIEW = "view"  # attrs: (index_map, valid, fill): out[i] = src[map(i)] if valid(i) else fill
     GATHER = "gather"  # attrs: (index_map, rule) map may use v0.. = inputs[1..][i], checked by the
     #                     rule (ir/checks.py) of the op it lowers
-    REDUCE = "reduce"  # attrs: (kind, axes): reduce inputs[0] over axes (dropped)
+    REDUCE = "reduce"  # attrs: (kind, axes): reduce inputs[0] over axes (dropped); kinds: sum prod
+    #                     max min any all argmax argmin, expsum (sum(exp(x - max x)) in one pass)
     EXTERN = "extern"  # attrs: (target, args, kwargs, layouts, reason, single): an ATen call
     ITEM = "item"  # attrs: (k,): the k-th result of a multi-output EXTERN
 

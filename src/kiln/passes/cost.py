@@ -188,6 +188,9 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
             elif isinstance(s, Reduce):
                 flops += iterations
                 work += iterations
+                if s.kind == "expsum":  # an exp and a subtraction per element besides the sum
+                    flops += 2 * iterations
+                    work += iterations * (1 + _fn_cost("exp", ceilings))
         for buf, size in stage_reads.items():
             if buf in first_read:
                 again[buf] = again.get(buf, 0) + size

@@ -168,7 +168,7 @@ def _compile_graph(
     logs.debug_text(logs.passes, "tensor graph after import", lambda: str(graph))
     with _Timer(report, "simplify") as t:
         before = len(graph.nodes)
-        graph, fired = simplify(graph, all_rules())
+        graph, fired = simplify(graph, all_rules(backend.row_scratch_limit))
         fired_text = ", ".join(f"{k} x{v}" for k, v in sorted(fired.items()))
         t.summary = f"{before} -> {len(graph.nodes)} nodes" + (f"; {fired_text}" if fired_text else "")
     logs.debug_text(logs.passes, "tensor graph after simplify", lambda: str(graph))

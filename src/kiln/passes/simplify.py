@@ -15,7 +15,7 @@ import torch
 
 from kiln.ir import index as ix
 from kiln.ir.ops import POINTWISE_FNS
-from kiln.ir.sizes import is_symbolic
+from kiln.ir.sizes import is_symbolic, known_le, numel
 from kiln.ir.tensor import Builder, Graph, Node, Op, dim_syms
 from kiln.lower import core
 
@@ -159,30 +159,57 @@ def sum_of_one_hot(b: Builder, n: Node) -> Node | None:
 
 def divide_by_softmax_sum(b: Builder, n: Node) -> Node | None:
     """a / s == a * (1 / s), within 1.5 ulps, where s is a sum of exp(x - max x) over the
-    same axes: s >= 1, so its reciprocal neither overflows nor loses precision, and it is
-    computed once per row instead of a division per element (eager's CPU softmax
-    multiplies by the reciprocal too)."""
+    same axes (written out, or as reduce.expsum): s >= 1, so its reciprocal neither overflows
+    nor loses precision, and it is computed once per row instead of a division per element
+    (eager's CPU softmax multiplies by the reciprocal too)."""
     if not _is_pointwise(n, "div") or n.dtype is not torch.float32:
         return None
     a, den = n.inputs
     if den.op is not Op.VIEW or den.attrs[1]:
         return None
     total = den.inputs[0]
-    if total.op is not Op.REDUCE or total.attrs[0] != "sum" or not _is_pointwise(total.inputs[0], "exp"):
+    if total.op is not Op.REDUCE:
         return None
-    shifted = total.inputs[0].inputs[0]
-    if not _is_pointwise(shifted, "sub") or shifted.inputs[1].op is not Op.VIEW:
-        return None
-    x, row_max = shifted.inputs[0], shifted.inputs[1].inputs[0]
-    if row_max.op is not Op.REDUCE or row_max.attrs != ("max", total.attrs[1]) or row_max.inputs[0] is not x:
-        return None
-    # each element less its own row's maximum (a view taking another row's could leave s tiny)
-    axes = total.attrs[1]
-    own_row = tuple(ix.as_expr(d) for i, d in enumerate(dim_syms(x.shape)) if i not in axes)
-    if shifted.inputs[1].attrs[:2] != (own_row, ()):
+    is_sum_of_exp = total.attrs[0] == "sum" and _exp_less_own_max(total.inputs[0], total.attrs[1]) is not None
+    if not (is_sum_of_exp or total.attrs[0] == "expsum"):
         return None
     reciprocal = core.pointwise(b, "div", core.constant(b, 1, total.dtype), total)
     return _same(n, core.pointwise(b, "mul", a, core.view(b, reciprocal, den.attrs[0], den.shape)))
+
+
+def sum_of_exp_in_one_pass(b: Builder, n: Node, row_kept: int = 0) -> Node | None:
+    """sum(exp(x - max x)) over axes == expsum(x) over axes: the online form keeps a running
+    maximum m and a sum rescaled whenever m rises (m' = max(m, x); s' = s * exp(m - m') +
+    exp(x - m')), so a row is read once instead of once for its maximum and once for the
+    sum. Equal up to the rescales' roundings; the maximum itself stays a reduce.max, which
+    the same loop computes. Rows of at most row_kept elements, which a backend keeps whole
+    (all_rules), are left in two passes: read once either way, they compute each exp once,
+    which softmax's numerator reads too."""
+    if n.op is not Op.REDUCE or n.attrs[0] != "sum" or n.dtype not in (torch.float32, torch.float64):
+        return None
+    if known_le(numel(tuple(n.inputs[0].shape[a] for a in n.attrs[1])), row_kept):
+        return None
+    x = _exp_less_own_max(n.inputs[0], n.attrs[1])
+    if x is None or x.dtype != n.dtype:
+        return None
+    return _same(n, b.make(Op.REDUCE, (x,), ("expsum", n.attrs[1]), n.shape, n.dtype))
+
+
+def _exp_less_own_max(e: Node, axes: tuple[int, ...]) -> Node | None:
+    """x where e is exp(x - max x), the maximum over axes taken in x's own row (a view taking
+    another row's maximum could leave the sum tiny); None otherwise."""
+    if not _is_pointwise(e, "exp"):
+        return None
+    shifted = e.inputs[0]
+    if not _is_pointwise(shifted, "sub") or shifted.inputs[1].op is not Op.VIEW:
+        return None
+    x, row_max = shifted.inputs[0], shifted.inputs[1].inputs[0]
+    if row_max.op is not Op.REDUCE or row_max.attrs != ("max", axes) or row_max.inputs[0] is not x:
+        return None
+    own_row = tuple(ix.as_expr(d) for i, d in enumerate(dim_syms(x.shape)) if i not in axes)
+    if shifted.inputs[1].attrs[:2] != (own_row, ()):
+        return None
+    return x
 
 
 def divide_by_power_of_two(b: Builder, n: Node) -> Node | None:
@@ -231,6 +258,8 @@ RULE_SETS: dict[str, list[Rule]] = {
     "fold": [fold_constants],
     "identities": [add_zero, mul_one, double_negation, round_trip_cast, where_same_branches,
                    where_constant_condition, sum_of_one_hot, divide_by_softmax_sum, divide_by_power_of_two],
+    # one pass over a row where two would read it twice (log-softmax, cross-entropy, softmax)
+    "online": [sum_of_exp_in_one_pass],
 }
 
 
@@ -282,5 +311,16 @@ def _live(graph: Graph) -> set[Node]:
     return live
 
 
-def all_rules() -> list[Rule]:
-    return [r for rules in RULE_SETS.values() for r in rules]
+def all_rules(row_kept: int = 0) -> list[Rule]:
+    """Every rule; row_kept: the longest row the backend keeps whole (Backend.row_scratch_limit),
+    which sum_of_exp_in_one_pass leaves in two passes."""
+    rules = [r for rules in RULE_SETS.values() for r in rules]
+    if not row_kept:
+        return rules
+
+    def online(b: Builder, n: Node) -> Node | None:
+        return sum_of_exp_in_one_pass(b, n, row_kept)
+
+    online.__name__ = online.__qualname__ = sum_of_exp_in_one_pass.__name__
+    online.__doc__ = sum_of_exp_in_one_pass.__doc__
+    return [online if r is sum_of_exp_in_one_pass else r for r in rules]

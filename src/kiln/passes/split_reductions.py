@@ -9,7 +9,9 @@ second, small step:
 
 The first step still fuses whatever produces x. Only reductions whose partial results
 combine exactly as the whole does are split (sum, prod, max, min, any, all: not argmax);
-bf16/f16 sums keep float32 partials, so the result is rounded once, as eager rounds it.
+bf16/f16 sums keep float32 partials, so the result is rounded once, as eager rounds it. An
+online sum of exp (reduce.expsum) is split as the two passes it stands for: the maximum in
+partials, then the sum of exp(x - max x) in partials.
 
 A floating-point column sum longer than MAX_SUM_CHUNK is split whatever its parallelism, into
 chunks of at most that many terms (the sum of the partials splits again when they are that
@@ -25,9 +27,10 @@ import math
 
 import torch
 
+from kiln.ir import index as ix
 from kiln.ir.sizes import symbols
-from kiln.ir.tensor import Builder, Graph, Node, Op
-from kiln.lower.core import cast, pad, reshape
+from kiln.ir.tensor import Builder, Graph, Node, Op, dim_syms
+from kiln.lower.core import cast, pad, pointwise, reshape, view
 from kiln.passes.simplify import simplify
 
 SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
@@ -51,6 +54,8 @@ def split_reductions(graph: Graph, busy_programs: int, column_block: int) -> tup
 
 
 def _split(b: Builder, n: Node, busy_programs: int, column_block: int) -> Node | None:
+    if n.op is Op.REDUCE and n.attrs[0] == "expsum":
+        return _split_expsum(b, n, busy_programs, column_block)
     if n.op is not Op.REDUCE or n.attrs[0] not in SPLITTABLE:
         return None
     kind, axes = n.attrs
@@ -92,6 +97,22 @@ def _split(b: Builder, n: Node, busy_programs: int, column_block: int) -> Node |
     # the axes before the first reduced one are all kept: the chunk axis follows them
     total = b.make(Op.REDUCE, (partial,), (kind, (first,)), n.shape, partial_dtype)
     return cast(b, total, n.dtype)
+
+
+def _split_expsum(b: Builder, n: Node, busy_programs: int, column_block: int) -> Node | None:
+    """expsum(x) == sum(exp(x - max x)): where the maximum splits, the online sum is taken
+    apart into that maximum and the sum over it, each split into partials (its partials
+    would each need their own maximum). Many programs then read the row twice, where one
+    program a row would read it once."""
+    x, axes = n.inputs[0], n.attrs[1]
+    row_max = b.make(Op.REDUCE, (x,), ("max", axes), n.shape, n.dtype)
+    split_max = _split(b, row_max, busy_programs, column_block)
+    if split_max is None:
+        return None
+    own_row = [ix.as_expr(d) for i, d in enumerate(dim_syms(x.shape)) if i not in axes]
+    shifted = pointwise(b, "sub", x, view(b, split_max, own_row, x.shape))
+    total = b.make(Op.REDUCE, (pointwise(b, "exp", shifted),), ("sum", axes), n.shape, n.dtype)
+    return _split(b, total, busy_programs, column_block) or total
 
 
 def _chunks_at_least(extent: int, wanted: int) -> int:
