@@ -25,16 +25,15 @@ from kiln.ir.host import find_user_kernel, kernel_identity
 from kiln.ir.sizes import as_size, is_symbolic
 from kiln.ir.tensor import Node
 
-_hops = torch.ops.higher_order
-FUNCTIONAL = _hops.triton_kernel_wrapper_functional
-MUTATION = _hops.triton_kernel_wrapper_mutation
-HOPS = (FUNCTIONAL, MUTATION)
+# by name: torch registers the ops when Dynamo first meets a Triton kernel, not at import
+FUNCTIONAL = "triton_kernel_wrapper_functional"
+MUTATION = "triton_kernel_wrapper_mutation"
 _HOP_ARGUMENTS = ("kernel_idx", "constant_args_idx", "grid", "tma_descriptor_metadata")
 LAUNCHED = "a user's Triton kernel: the host program launches it as written"
 
 
 def is_user_kernel_op(target: Any) -> bool:
-    return any(target is hop for hop in HOPS)
+    return isinstance(target, torch._ops.HigherOrderOperator) and target.name() in (FUNCTIONAL, MUTATION)
 
 
 @dataclass(eq=False)
@@ -63,7 +62,7 @@ class UserKernelCall:
     def __call__(self, *tensors: torch.Tensor) -> tuple | None:
         """The op as Dynamo's graph runs it: its returned tensors in `returns` order."""
         kwargs = dict(self.arguments(dict(zip(self.tensor_params, tensors))))
-        if self.hop is MUTATION:
+        if self.hop.name() == MUTATION:
             self.hop(kwargs=kwargs, **self.hop_kwargs)
             return None
         out = self.hop(kwargs=kwargs, tensors_to_clone=list(self.clones), **self.hop_kwargs)
@@ -95,7 +94,7 @@ def user_kernel_call(target: Any, kwargs: dict[str, Any], val: Any) -> UserKerne
     literals = {p: v for p, v in call_kwargs.items() if not isinstance(v, Node)}
     literals.update(constants)
     arg_order = tuple(call_kwargs) + tuple(p for p in constants if p not in call_kwargs)
-    functional = target is FUNCTIONAL
+    functional = target.name() == FUNCTIONAL
     clones = tuple(kwargs.get("tensors_to_clone", ())) if functional else ()
     returns = tuple(p for p in clones if isinstance(val, dict) and p in val) if functional else ()
     hop_kwargs = {k: kwargs[k] for k in _HOP_ARGUMENTS}
@@ -126,7 +125,7 @@ def user_kernel_call(target: Any, kwargs: dict[str, Any], val: Any) -> UserKerne
 
 def _why_not_launched(call: UserKernelCall, grids: list, kwargs: dict) -> str | None:
     """Why the host program does not launch this call itself; None when it does."""
-    if call.hop is MUTATION:
+    if call.hop.name() == MUTATION:
         return "a user's Triton kernel writing its arguments in place (an unfunctionalized graph)"
     if not _is_jit(call.kernel):
         kind = type(call.kernel).__name__
