@@ -122,3 +122,21 @@ def through_triton_op(op):
         return op(x.sigmoid(), y, 0.5).tanh()
 
     return fn
+
+
+autotuned_add_kernel = triton.autotune(
+    configs=[triton.Config({"BLOCK": 32}), triton.Config({"BLOCK": 128})], key=["n"]
+)(add_kernel)
+
+
+def add_autotuned(kernel):
+    """An autotuned kernel: its block is chosen at run time, among configs."""
+
+    def fn(x, y):
+        a = x.sin()
+        out = torch.empty_like(a)
+        n = a.numel()
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](a, y, out, n)
+        return out.cos()
+
+    return fn

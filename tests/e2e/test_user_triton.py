@@ -175,3 +175,22 @@ def _interpreted_call(self, *tensors):
     values = {p: t.clone() if p in self.clones else t for p, t in values.items()}
     interpreted(self.kernel)[self.grid](**dict(self.arguments(values)))
     return tuple(values[p] for p in self.returns)
+
+
+def test_one_program_for_a_shape_family_computes_the_grid_per_call():
+    import kiln
+    from kiln.frontend.backend import REPORTS
+
+    torch._dynamo.reset()
+    compiled = kiln.compile(add_between_kernels(add_kernel), dynamic=True)
+    eager = add_between_kernels(interpreted(add_kernel))
+    before = len(REPORTS)
+    for n in (90, 131, 200):
+        x, y = torch.randn(n), torch.randn(n)
+        assert_same(compiled(x.clone(), y.clone()), eager(x, y))
+    assert len(REPORTS) - before == 1
+    program = REPORTS[-1].host_program
+    (launch,) = [i for i in program.body if isinstance(i, LaunchUser)]
+    assert launch.grid[0] not in (2, 3, 4)  # an expression of the size, not a number
+    again = HostProgram.from_dict(json.loads(json.dumps(program.to_dict())), constants_blob(program))
+    assert str(again) == str(program)

@@ -25,6 +25,7 @@ import torch
 from kiln.ir.checks import Check
 from kiln.ir.sizes import Size, is_symbolic, parse
 from kiln.ir.sizes import render as render_size
+from kiln.ir.sizes import text as size_text
 from kiln.ir.tensor import dtype_name
 
 # A size, stride or offset: an int, or with a shape family an expression over its size
@@ -485,7 +486,7 @@ def encode(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if is_symbolic(value):
-        return {"size": str(value)}
+        return {"size": size_text(value)}
     if isinstance(value, tuple):
         return [encode(v) for v in value]
     if isinstance(value, Check):

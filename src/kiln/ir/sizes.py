@@ -312,8 +312,23 @@ def render(s: Size, names: dict | None = None, lang: str = "c") -> str:
     return go(sympy.sympify(s))
 
 
+class _SizePrinter(sympy.printing.str.StrPrinter):
+    """str() of a size, except that a floor division is written FloorDiv(a, b): its own
+    text (a//b) parses back as sympy's floor, not as the size it was."""
+
+    printmethod = "_kiln_size_str"
+
+    def _print_FloorDiv(self, e) -> str:
+        return f"FloorDiv({self._print(e.args[0])}, {self._print(e.args[1])})"
+
+
+def text(s: Size) -> str:
+    """The text parse() reads back as s."""
+    return str(s) if isinstance(s, int) else _SizePrinter().doprint(s)
+
+
 def parse(text: str) -> Size:
-    """A size from its text (str(size)): symbols are positive integers, as Dynamo's are."""
+    """A size from its text (text(size)): symbols are positive integers, as Dynamo's are."""
     expr = sympy.sympify(text, locals=_parse_locals(text))
     return int(expr) if expr.is_Integer else expr
 

@@ -55,7 +55,7 @@ class MemoryPlan:
     def summary(self) -> str:
         return (f"{self.pooled} temporaries in {self.slots} slots, {self.freed} buffers freed after "
                 f"their last read, {len(self.returned)} returned, {len(self.shared)} viewed by ATen results"
-                + (f", {self.copies_dropped} users' kernels write a dead buffer, not its copy"
+                + (f", {self.copies_dropped} copies before users' kernels dropped (dead after them)"
                    if self.copies_dropped else ""))
 
 
