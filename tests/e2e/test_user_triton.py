@@ -194,3 +194,42 @@ def test_one_program_for_a_shape_family_computes_the_grid_per_call():
     assert launch.grid[0] not in (2, 3, 4)  # an expression of the size, not a number
     again = HostProgram.from_dict(json.loads(json.dumps(program.to_dict())), constants_blob(program))
     assert str(again) == str(program)
+
+
+_CHILD = """
+import logging, json, sys
+import torch
+import torch.utils._triton as torch_triton
+torch_triton.has_triton = lambda: True  # as the dynamo_sees_triton fixture does
+logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").setLevel(logging.ERROR)
+import kiln
+from kiln.frontend.backend import REPORTS
+from triton_user_kernels import add_between_kernels, add_kernel, interpreted
+torch.manual_seed(int(sys.argv[1]))
+x, y = torch.randn(150), torch.randn(150)
+got = kiln.compile(add_between_kernels(add_kernel))(x, y)
+torch.testing.assert_close(got, add_between_kernels(interpreted(add_kernel))(x, y))
+print(json.dumps({"from_cache": [r.from_cache for r in REPORTS]}))
+"""
+
+
+def test_a_new_process_finds_the_kernel_by_name_on_a_cache_hit(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tests.parent / 'src'}{os.pathsep}{tests}",
+        "KILN_CACHE_DIR": str(tmp_path),
+    }
+    runs = []
+    for seed in (1, 2):
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(seed)], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    assert runs[0]["from_cache"] == [""] and runs[1]["from_cache"][0]
