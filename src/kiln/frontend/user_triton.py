@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
+from kiln.errors import USER_KERNEL
 from kiln.ir.host import find_user_kernel, kernel_identity
 from kiln.ir.sizes import as_size, is_symbolic
 from kiln.ir.tensor import Node
@@ -69,7 +70,7 @@ class UserKernelCall:
         return tuple(out[p] for p in self.returns)
 
     def __str__(self) -> str:
-        return f"user Triton kernel {self.name}"
+        return f"{USER_KERNEL} {self.name}"
 
 
 def _launch_size(v: Any) -> Any:
