@@ -18,7 +18,7 @@ from kiln.frontend.effects import has_side_effects
 from kiln.frontend.origin import origin_of
 from kiln.frontend.random import SEED_OP, SEEDS_OP
 from kiln.frontend.user_triton import LAUNCHED, UserKernelCall, is_user_kernel_op, user_kernel_call
-from kiln.ir.sizes import NeedsNumber, as_size, shape_env, size_call
+from kiln.ir.sizes import NeedsNumber, as_size, shape_env, size_call, symbols
 from kiln.ir.tensor import ArgRef, Builder, Graph, GraphGrowthLimit, Layout, Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import WEAK_SCALAR, Unsupported, cast, constant, is_weak_scalar
@@ -318,6 +318,9 @@ def _user_kernel(b: Builder, n: fx.Node, kwargs: dict, val: Any, env: dict,
     kernel's own indexing assumes) and returning the ones it may write."""
     call = user_kernel_call(n.target, kwargs, val)
     reason = call.reason or LAUNCHED
+    # run as Dynamo's graph, the op takes numbers: a shape family's sizes are not yet numbers
+    if call.reason is not None and symbols(call.hop_kwargs["grid"], list(call.literals.values())):
+        raise NeedsNumber(f"{call}: {call.reason}")
     if call.reason is not None and str(call) not in fallbacks:
         errors.record(errors.Fallback("op", "unsupported", call.reason, str(call)))
     if call.reason is not None:
