@@ -21,6 +21,7 @@ from triton_user_kernels import (
     through_triton_op,
 )
 
+import kiln
 from kiln import errors
 from kiln.ir.host import Launch, LaunchUser
 
@@ -83,3 +84,14 @@ def test_an_autotuned_kernel_runs_as_dynamo_would_with_one_reason():
     assert not _launches(report, LaunchUser)
     reasons = [f.reason for f in list(errors.FALLBACKS)[before:] if "Autotuner" in f.reason]
     assert len(reasons) == 1
+
+
+def test_a_kernel_replayed_in_a_cuda_graph():
+    """mode="reduce-overhead": the user's launch is captured with kiln's kernels and replays on
+    new inputs."""
+    fn = add_between_kernels(add_kernel)
+    torch._dynamo.reset()
+    compiled = kiln.compile(fn, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):
+        x, y = torch.randn(5000, device="cuda"), torch.randn(5000, device="cuda")
+        assert_same(compiled(x.clone(), y.clone()), fn(x, y))
