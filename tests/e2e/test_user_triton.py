@@ -15,6 +15,7 @@ from conftest import assert_same, run_compiled
 from torch._dynamo.utils import counters
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_functional as functional_op
+from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_mutation as mutation_op
 from triton_user_kernels import (
     accumulate_into_input,
     accumulate_kernel,
@@ -153,6 +154,8 @@ def test_an_autotuned_kernel_runs_as_dynamo_would_with_its_reason():
         user_kernel_call(functional_op, _side_table_kwargs(add_kernel, {"n": 8, "BLOCK": 8}), {}).reason
         is None
     )
+    in_place = user_kernel_call(mutation_op, _side_table_kwargs(add_kernel, {"n": 8, "BLOCK": 8}), None)
+    assert in_place.reason is not None and "in place" in in_place.reason
 
 
 def test_an_unlaunchable_kernel_keeps_the_graph_compiled(monkeypatch, caplog):

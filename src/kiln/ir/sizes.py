@@ -316,10 +316,11 @@ class _SizePrinter(sympy.printing.str.StrPrinter):
     """str() of a size, except that a floor division is written FloorDiv(a, b): its own
     text (a//b) parses back as sympy's floor, not as the size it was."""
 
-    printmethod = "_kiln_size_str"
-
-    def _print_FloorDiv(self, e) -> str:
-        return f"FloorDiv({self._print(e.args[0])}, {self._print(e.args[1])})"
+    def _print(self, e, **kwargs) -> str:
+        floordiv = _floordiv_class()
+        if floordiv is not None and isinstance(e, floordiv):
+            return f"FloorDiv({self._print(e.args[0])}, {self._print(e.args[1])})"
+        return super()._print(e, **kwargs)
 
 
 def text(s: Size) -> str:
