@@ -424,9 +424,14 @@ def resolve_op(name: str) -> Any:
 
 
 def kernel_identity(kernel: Any) -> tuple[str, str]:
-    """("module:qualname", digest of its source): how a program names a JIT function."""
+    """("module:qualname", digest of its source): how a program names a JIT function. The
+    source is Triton's own key of it where it has one (the JIT functions it calls and the
+    globals it reads included), else its text."""
     fn = kernel.fn
-    source = getattr(kernel, "src", "") or ""
+    try:
+        source = str(kernel.cache_key)
+    except Exception:  # noqa: BLE001 - a kernel Triton cannot key is named by its text
+        source = getattr(kernel, "src", "") or ""
     return f"{fn.__module__}:{fn.__qualname__}", hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
