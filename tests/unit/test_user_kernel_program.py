@@ -28,7 +28,7 @@ from kiln.ir.host import (
 )
 from kiln.ir.sizes import parse, size_symbol
 from kiln.ir.sizes import text as size_text
-from kiln.passes.memory import drop_dead_copies, plan_memory
+from kiln.passes.memory import drop_dead_copies, plan_memory, update_inputs_in_place
 
 NAME, DIGEST = kernel_identity(add_kernel)
 F32 = torch.float32
@@ -117,3 +117,24 @@ def test_a_buffer_written_in_place_of_its_copy_takes_no_arena_slot():
     planned, plan = plan_memory(program)
     assert plan.copies_dropped == 2
     assert all(i.slot is None for i in planned.body if isinstance(i, Alloc) and i.out in ("buf2", "buf3"))
+
+
+def _updating_input(*later) -> HostProgram:
+    """acc (arg0) written by the kernel through its copy, AOTAutograd's copy_ putting it back."""
+    args = (("acc_ptr", Ref("arg0")), ("x_ptr", Ref("arg1")), ("n", 64), ("BLOCK", 64))
+    launch = LaunchUser("buf4", NAME, DIGEST, (1, 1, 1), args, ("acc_ptr",), ("acc_ptr",))
+    update = CallAten("buf6", "aten::copy_.default", (Ref("arg0"), Ref("buf5")))
+    return _program(launch, Item("buf5", "buf4", 0), *later, update, Return(()))
+
+
+def test_a_kernel_updating_an_input_writes_it_as_in_eager():
+    body, written = update_inputs_in_place(_updating_input())
+    assert written == 1 and next(i for i in body if isinstance(i, LaunchUser)).clones == ()
+    assert not any(isinstance(i, CallAten) for i in body)  # the copy_ back is gone
+
+
+def test_an_input_read_after_the_kernel_keeps_its_copy():
+    later = CallAten("buf9", "aten::neg.default", (Ref("arg0"),), may_alias=False)  # the old value
+    body, written = update_inputs_in_place(_updating_input(later))
+    assert written == 0 and next(i for i in body if isinstance(i, LaunchUser)).clones == ("acc_ptr",)
+    assert sum(isinstance(i, CallAten) for i in body) == 2

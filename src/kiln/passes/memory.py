@@ -26,6 +26,7 @@ from kiln.ir.host import (
     Item,
     Launch,
     LaunchUser,
+    Ref,
     Return,
     Slot,
     View,
@@ -35,6 +36,7 @@ from kiln.ir.host import (
     refs,
 )
 from kiln.ir.sizes import is_symbolic
+from kiln.passes.layout import is_non_overlapping
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,52 @@ def drop_dead_copies(body: tuple[Instr, ...]) -> tuple[tuple[Instr, ...], int]:
     return tuple(out), dropped
 
 
+_COPY_ = "aten::copy_.default"
+
+
+def update_inputs_in_place(program: HostProgram) -> tuple[tuple[Instr, ...], int]:
+    """A user's kernel writing an input (an optimizer step in Triton) writes a copy of it,
+    which AOTAutograd's copy_ at the end puts back into the input: as in eager, the kernel may
+    write the input itself, and the copy_ goes, where nothing else reads the input after the
+    launch, nothing may view it, its elements do not overlap, and the program returns neither
+    it nor its new value."""
+    body = program.body
+    specs = {s.name: s for s in program.inputs}
+    readers: dict[str, list[int]] = {}
+    for k, ins in enumerate(body):
+        for name in (*reads(ins), *getattr(ins, "writes", ())):
+            readers.setdefault(name, []).append(k)
+    items = {(i.src, i.index): (k, i.out) for k, i in enumerate(body) if isinstance(i, Item)}
+    updates = {(i.args[0].name, i.args[1].name): k for k, i in enumerate(body)
+               if isinstance(i, CallAten) and i.op == _COPY_ and len(i.args) == 2
+               and all(isinstance(a, Ref) for a in i.args)}
+    # the copy_ returns its target: it views the input, but it is what goes
+    viewed = {src for k, i in enumerate(body) if k not in updates.values() for src in may_share_memory(i)}
+    returned = _returned(body)
+    out, gone, written = list(body), set(), 0
+    for k, ins in enumerate(body):
+        if not isinstance(ins, LaunchUser):
+            continue
+        keep = []
+        for p in ins.clones:
+            name = ins.buffer(p)
+            item = items.get((ins.out, ins.returns.index(p))) if p in ins.returns else None
+            update = updates.get((name, item[1])) if item is not None else None
+            spec = specs.get(name)
+            safe = (
+                update is not None and spec is not None and name not in viewed and name not in returned
+                and item[1] not in returned and is_non_overlapping(spec.shape, spec.stride)
+                and all(r <= k or r == update for r in readers[name]) and body[update].out not in readers
+            )
+            if safe:
+                gone.add(update)
+                written += 1
+            else:
+                keep.append(p)
+        out[k] = dataclasses.replace(ins, clones=tuple(keep))
+    return tuple(i for k, i in enumerate(out) if k not in gone), written
+
+
 def _pooled_allocs_by_key(body: tuple[Instr, ...], returned: set[str], shared: set[str]) -> dict[Slot, int]:
     """How many temporaries of each slot shape the program allocates."""
     counts: dict[Slot, int] = {}
@@ -121,7 +169,9 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
         raise ValueError("kiln: the host program's memory is planned already (it has slots or frees)")
     if arena is None:
         arena = torch.device(program.device).type == "cpu"
-    body, copies_dropped = drop_dead_copies(program.body)
+    body, in_place = update_inputs_in_place(program)
+    body, copies_dropped = drop_dead_copies(body)
+    copies_dropped += in_place
     root: dict[str, str] = {}  # a view -> the buffer whose memory it is
     for ins in body:
         if isinstance(ins, View):
