@@ -132,13 +132,15 @@ def update_inputs_in_place(program: HostProgram) -> tuple[tuple[Instr, ...], int
         if not isinstance(ins, LaunchUser):
             continue
         keep = []
+        names = [ins.buffer(p) for p, _ in ins.args]
         for p in ins.clones:
             name = ins.buffer(p)
             item = items.get((ins.out, ins.returns.index(p))) if p in ins.returns else None
             update = updates.get((name, item[1])) if item is not None else None
             spec = specs.get(name)
             safe = (
-                update is not None and spec is not None and name not in viewed and name not in returned
+                update is not None and spec is not None and names.count(name) == 1
+                and name not in viewed and name not in returned
                 and item[1] not in returned and is_non_overlapping(spec.shape, spec.stride)
                 and all(r <= k or r == update for r in readers[name]) and body[update].out not in readers
             )
