@@ -54,6 +54,7 @@ class UserKernelCall:
     clones: tuple[str, ...]  # the functional form copies these before the launch
     returns: tuple[str, ...]  # the parameters whose tensors the call returns, in order
     hop_kwargs: dict[str, Any] = field(default_factory=dict)  # the op's own arguments, less kwargs
+    hop_params: tuple[str, ...] = ()  # the parameters the op's kwargs name (the rest: the side table's)
     reason: str | None = None
 
     def arguments(self, tensors: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -62,7 +63,8 @@ class UserKernelCall:
 
     def __call__(self, *tensors: torch.Tensor) -> tuple | None:
         """The op as Dynamo's graph runs it: its returned tensors in `returns` order."""
-        kwargs = dict(self.arguments(dict(zip(self.tensor_params, tensors))))
+        given = dict(zip(self.tensor_params, tensors))
+        kwargs = {p: v for p, v in self.arguments(given) if p in self.hop_params}
         if self.hop.name() == MUTATION:
             self.hop(kwargs=kwargs, **self.hop_kwargs)
             return None
@@ -113,6 +115,7 @@ def user_kernel_call(target: Any, kwargs: dict[str, Any], val: Any) -> UserKerne
         clones,
         returns,
         hop_kwargs,
+        tuple(call_kwargs),
     )
     call.reason = _why_not_launched(call, grids, kwargs)
     if call.reason is None:
