@@ -11,6 +11,7 @@ import os
 
 import pytest
 import torch
+import triton.language as tl
 from conftest import assert_same, run_compiled
 from torch._dynamo.utils import counters
 from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
@@ -109,10 +110,10 @@ def test_the_program_round_trips_through_json_and_names_the_kernel_by_source():
 
 
 def test_a_kernel_no_import_finds_is_launched_but_not_stored():
-    @jit
-    def local_add(x_ptr, y_ptr, out_ptr, n, BLOCK: "tl.constexpr"):  # noqa: F821
-        import triton.language as tl
+    from kiln.runtime import graph_cache
 
+    @jit
+    def local_add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
         offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offsets < n
         tl.store(
@@ -121,9 +122,13 @@ def test_a_kernel_no_import_finds_is_launched_but_not_stored():
             mask=mask,
         )
 
-    kwargs = _side_table_kwargs(local_add, {"n": 4, "BLOCK": 4})
-    with pytest.raises(LookupError, match="inside a function"):
-        cache_text_kwargs(kwargs)
+    report = _compile_and_compare(add_between_kernels, local_add, torch.randn(60), torch.randn(60))
+    assert _user_launches(report)[0].kernel.endswith("<locals>.local_add")
+    assert any("inside a function" in k for k in graph_cache.STATS if k.startswith("not cached")), (
+        graph_cache.STATS
+    )
+    with pytest.raises(ValueError, match="cannot be stored.*inside a function"):
+        report.host_program.to_dict()
 
 
 def _side_table_kwargs(kernel, constants: dict) -> dict:
