@@ -140,3 +140,22 @@ def add_autotuned(kernel):
         return out.cos()
 
     return fn
+
+
+@jit
+def cast_kernel(x_ptr, out_ptr, n, OUT_DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask).to(OUT_DTYPE), mask=mask)
+
+
+def cast_to_half(kernel):
+    """A constexpr that is a Triton dtype: a constant of the program, not a number."""
+
+    def fn(x):
+        a = x * 3
+        out = torch.empty(a.shape, dtype=torch.float16, device=a.device)
+        kernel[(triton.cdiv(a.numel(), 64),)](a, out, a.numel(), OUT_DTYPE=tl.float16, BLOCK=64)
+        return out.float() + 1
+
+    return fn

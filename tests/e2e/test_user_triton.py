@@ -23,6 +23,8 @@ from triton_user_kernels import (
     add_between_kernels,
     add_kernel,
     add_with_grid_lambda,
+    cast_kernel,
+    cast_to_half,
     dynamo_sees_triton,  # noqa: F401 - a fixture
     interpreted,
     jit,
@@ -244,3 +246,11 @@ def test_a_new_process_finds_the_kernel_by_name_on_a_cache_hit(tmp_path):
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     assert runs[0]["from_cache"] == [""] and runs[1]["from_cache"][0]
+
+
+def test_a_triton_dtype_constexpr_is_a_constant_of_the_program():
+    report = _compile_and_compare(cast_to_half, cast_kernel, torch.randn(100))
+    (launch,) = _user_launches(report)
+    assert launch.kernel.endswith(":cast_kernel") and "OUT_DTYPE=const" in str(report.host_program)
+    with pytest.raises(ValueError, match="cannot be serialized"):
+        report.host_program.to_dict()

@@ -123,7 +123,7 @@ def user_kernel_call(target: Any, kwargs: dict[str, Any], val: Any) -> UserKerne
 
         user_kernels.remember(kernel)  # what this process's programs launch
         call.grid = tuple(_launch_size(g) for g in call.grid)
-        call.literals = {p: v if _is_plain(v) else _launch_size(v) for p, v in literals.items()}
+        call.literals = {p: as_size(v) if isinstance(v, torch.SymInt) else v for p, v in literals.items()}
     return call
 
 
@@ -138,9 +138,10 @@ def _why_not_launched(call: UserKernelCall, grids: list, kwargs: dict) -> str | 
         return "a user's Triton kernel with several grids (one per config) runs as Dynamo's graph"
     if kwargs.get("tma_descriptor_metadata"):
         return "a user's Triton kernel taking TMA descriptors runs as Dynamo's graph"
-    loose = [p for p, v in call.literals.items() if _launch_size(v) is None and not _is_plain(v)]
-    if loose or any(_launch_size(g) is None for g in call.grid):
-        return f"a user's Triton kernel with arguments kiln cannot write down ({', '.join(loose) or 'grid'})"
+    # other objects (a Triton dtype) become the program's constants; tensors must be arguments
+    nested = [p for p, v in call.literals.items() if _holds_tensors(v)]
+    if nested or any(_launch_size(g) is None for g in call.grid):
+        return f"a user's Triton kernel with arguments kiln cannot pass ({', '.join(nested) or 'grid'})"
     return None
 
 
@@ -150,10 +151,8 @@ def _is_jit(kernel: Any) -> bool:
     return isinstance(kernel, JITFunction)
 
 
-def _is_plain(v: Any) -> bool:
-    return isinstance(v, (torch.dtype, tuple, list)) and not any(
-        isinstance(x, (Node, torch.Tensor)) for x in tree_flatten(v)[0]
-    )
+def _holds_tensors(v: Any) -> bool:
+    return any(isinstance(x, (Node, torch.Tensor)) for x in tree_flatten(v)[0])
 
 
 def cache_text_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
