@@ -150,7 +150,7 @@ def _launch(e: _Emitter, i: Launch, launchers: Mapping[str, Callable] | None) ->
 
 def _launch_user(e: _Emitter, i: LaunchUser) -> None:
     """Copies of the parameters in clones, the launch, then the returned tensors as a tuple."""
-    launch = e.bind("user_kernel", user_kernels.launcher(i.kernel, i.digest))
+    launch = e.bind("user_kernel", user_kernels.launcher(i.kernel, i.digest, e.program.device))
     values = {p: _literal(e, v) for p, v in i.args}
     for p in i.clones:
         if i.buffer(p) is not None:

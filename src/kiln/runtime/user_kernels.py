@@ -46,14 +46,14 @@ def _interpreted(kernel: Any) -> Any:
     return found[1]
 
 
-def launcher(name: str, digest: str) -> Callable[..., None]:
-    """launch(grid, **arguments): the kernel run on a grid, in the interpreter when its
-    tensors are on the CPU."""
+def launcher(name: str, digest: str, device: str) -> Callable[..., None]:
+    """launch(grid, **arguments): the kernel run on a grid, in the interpreter for a program
+    on the CPU."""
     kernel = find(name, digest)
+    runs = _interpreted(kernel) if torch.device(device).type == "cpu" else kernel
 
     def launch(grid: tuple, /, **arguments: Any) -> None:
-        on_cpu = any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in arguments.values())
-        (_interpreted(kernel) if on_cpu else kernel)[tuple(grid)](**arguments)
+        runs[grid](**arguments)
 
     launch.__name__ = name.rpartition(":")[2]
     return launch
