@@ -24,6 +24,8 @@ log = logging.getLogger("kiln.fallbacks")  # kiln/logs.py's topic
 #              compiled for the shapes PyTorch promised cannot run
 KINDS = ("by design", "unsupported", "trace", "internal", "upstream")
 SCOPES = ("graph", "op")
+# a user's own Triton kernel that kiln does not launch is told as a warning: it was written for speed
+USER_KERNEL = "user Triton kernel"
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,9 @@ _collectors: list[list[Fallback]] = []
 
 
 def record(fallback: Fallback) -> Fallback:
-    """Keep the record and tell the user once: a whole graph in ATen, or a kiln bug, is a
-    warning; an op kiln has no lowering for is expected and logged at info level."""
+    """Keep the record and tell the user once: a whole graph in ATen, a kiln bug, or a user's
+    kernel kiln does not launch is a warning; an op kiln has no lowering for is expected and
+    logged at info level."""
     for made in _collectors:
         made.append(fallback)
     if _held:  # kept back until the compile that made it is kept (held())
@@ -66,7 +69,7 @@ def record(fallback: Fallback) -> Fallback:
         return fallback
     FALLBACKS.append(fallback)
     counters.ran_in_aten(fallback.scope, fallback.kind, fallback.reason, fallback.op)
-    if fallback.scope == "graph" or fallback.kind == "internal":
+    if fallback.scope == "graph" or fallback.kind == "internal" or fallback.op.startswith(USER_KERNEL):
         log.warning("%s", fallback)
     else:
         log.info("%s", fallback)

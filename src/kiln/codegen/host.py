@@ -26,6 +26,7 @@ from kiln.ir.host import (
     HostProgram,
     Item,
     Launch,
+    LaunchUser,
     Ref,
     Restride,
     Return,
@@ -37,7 +38,7 @@ from kiln.ir.host import (
 )
 from kiln.ir.sizes import is_symbolic, symbols
 from kiln.passes.layout import same_strides
-from kiln.runtime import host_ops, profiling
+from kiln.runtime import host_ops, profiling, user_kernels
 
 
 class _Emitter:
@@ -147,6 +148,20 @@ def _launch(e: _Emitter, i: Launch, launchers: Mapping[str, Callable] | None) ->
     e.emit(f"{entry}({', '.join(args)})")
 
 
+def _launch_user(e: _Emitter, i: LaunchUser) -> None:
+    """Copies of the parameters in clones, the launch, then the returned tensors as a tuple."""
+    launch = e.bind("user_kernel", user_kernels.launcher(i.kernel, i.digest, e.program.device))
+    values = {p: _literal(e, v) for p, v in i.args}
+    for p in i.clones:
+        if i.buffer(p) is not None:
+            copy = f"{i.out}_{p}"
+            e.emit(f"{copy} = {e.helper('copy_memory', host_ops.copy_memory)}({values[p]})")
+            values[p] = copy
+    arguments = ", ".join(f"{p}={v}" for p, v in values.items())
+    e.emit(f"{launch}({_shape(i.grid)}, {arguments})")
+    e.emit(f"{i.out} = ({''.join(values[p] + ', ' for p in i.returns)})")
+
+
 def _call_aten(e: _Emitter, i: CallAten) -> None:
     if isinstance(i.op, ConstRef):
         fn = e.helper(i.op.name, e.program.constants[i.op.name])
@@ -211,6 +226,7 @@ _RENDER = {
     Alloc: _alloc,
     View: _view,
     CallAten: _call_aten,
+    LaunchUser: _launch_user,
     Item: lambda e, i: e.emit(f"{i.out} = {i.src}[{i.index}]"),
     EnsureLayout: _ensure_layout,
     EagerLayout: _eager_layout,

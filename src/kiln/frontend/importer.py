@@ -17,7 +17,8 @@ from kiln import errors
 from kiln.frontend.effects import has_side_effects
 from kiln.frontend.origin import origin_of
 from kiln.frontend.random import SEED_OP, SEEDS_OP
-from kiln.ir.sizes import NeedsNumber, as_size, shape_env, size_call
+from kiln.frontend.user_triton import LAUNCHED, UserKernelCall, is_user_kernel_op, user_kernel_call
+from kiln.ir.sizes import NeedsNumber, as_size, shape_env, size_call, symbols
 from kiln.ir.tensor import ArgRef, Builder, Graph, GraphGrowthLimit, Layout, Node, Op
 from kiln.lower.context import LowerCtx
 from kiln.lower.core import WEAK_SCALAR, Unsupported, cast, constant, is_weak_scalar
@@ -236,6 +237,8 @@ def _lower_call(
     if n.target is operator.getitem:
         src, k = args
         if isinstance(src, Node) and src.op is Op.EXTERN:
+            if isinstance(src.attrs[0], UserKernelCall):  # its results, named by parameter
+                k = src.attrs[0].returns.index(k)
             layout = src.attrs[3][k]
             return b.make(Op.ITEM, (src,), (k,), layout.shape, layout.dtype)
         return src[k]
@@ -247,6 +250,8 @@ def _lower_call(
         return _scalar_read(b, args[0])
     if n.target in _NUMBER_OPS and any(is_weak_scalar(a) for a in args):
         return _number_op(b, _NUMBER_OPS[n.target], args)
+    if is_user_kernel_op(n.target):
+        return _user_kernel(b, n, kwargs, val, env, fallbacks)
     fn = lookup(n.target)
     reads_number = any(is_weak_scalar(v) for v in tree_flatten((args, kwargs))[0])
     reason = EXTERN_BY_DESIGN.get(n.target, "no kiln lowering for this op")
@@ -305,6 +310,24 @@ def _lower_call(
         errors.record(errors.Fallback("op", kind, reason, name))
     fallbacks[name] = reason
     return _extern(b, n.target, args, kwargs, val, reason, effectful, _eager_arg_strides(n, env))
+
+
+def _user_kernel(b: Builder, n: fx.Node, kwargs: dict, val: Any, env: dict,
+                 fallbacks: dict[str, str]) -> Node:
+    """A user's Triton kernel: one call taking its tensors (in eager's strides, which the
+    kernel's own indexing assumes) and returning the ones it may write."""
+    call = user_kernel_call(n.target, kwargs, val)
+    reason = call.reason or LAUNCHED
+    # run as Dynamo's graph, the op takes numbers: a shape family's sizes are not yet numbers
+    if call.reason is not None and symbols(call.hop_kwargs["grid"], list(call.literals.values())):
+        raise NeedsNumber(f"{call}: {call.reason}")
+    if call.reason is not None and str(call) not in fallbacks:
+        errors.record(errors.Fallback("op", "unsupported", call.reason, str(call)))
+    if call.reason is not None:
+        fallbacks[str(call)] = call.reason
+    tensors = tuple(kwargs["kwargs"][p] for p in call.tensor_params)
+    results = tuple(val[p] for p in call.returns) if isinstance(val, dict) else None
+    return _extern(b, call, tensors, {}, results, reason, call.reason is not None, _eager_arg_strides(n, env))
 
 
 def _eager_arg_strides(n: fx.Node, env: dict) -> dict[Node, tuple[int, ...]]:

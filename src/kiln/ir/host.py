@@ -25,6 +25,7 @@ import torch
 from kiln.ir.checks import Check
 from kiln.ir.sizes import Size, is_symbolic, parse
 from kiln.ir.sizes import render as render_size
+from kiln.ir.sizes import text as size_text
 from kiln.ir.tensor import dtype_name
 
 # A size, stride or offset: an int, or with a shape family an expression over its size
@@ -129,6 +130,27 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class LaunchUser:
+    """out = the tensors of parameters `returns` after a user's @triton.jit kernel ran on
+    `grid` with `args` ((parameter, Ref or literal), in the call's order). kernel: its
+    "module:qualname", digest: of its source (a program re-finds it by both). Each parameter
+    in `clones` gets a copy of its buffer first, so the caller's tensor keeps its values (the
+    functional form's rule); the memory plan drops the copy of a buffer dead after the launch."""
+
+    out: str
+    kernel: str
+    digest: str
+    grid: tuple[Size, ...]
+    args: tuple[tuple[str, Any], ...]
+    clones: tuple[str, ...]
+    returns: tuple[str, ...]
+
+    def buffer(self, param: str) -> str | None:
+        value = dict(self.args).get(param)
+        return value.name if isinstance(value, Ref) else None
+
+
+@dataclass(frozen=True)
 class CallAten:
     """out = op(*args, **kwargs). op: a qualified overload name ("aten::add.Tensor"), or a
     ConstRef to a callable no name resolves. Arguments are literals, Refs and ConstRefs.
@@ -206,8 +228,8 @@ class Return:
     values: tuple[Any, ...]  # Refs, ConstRefs and literals
 
 
-Instr = Union[Alloc, View, Launch, CallAten, Item, EnsureLayout, EagerLayout, Restride, CopyMemory, Free,
-              CheckErrors, Return]
+Instr = Union[Alloc, View, Launch, LaunchUser, CallAten, Item, EnsureLayout, EagerLayout, Restride,
+              CopyMemory, Free, CheckErrors, Return]
 
 
 @dataclass(frozen=True)
@@ -253,6 +275,8 @@ def reads(ins: Instr) -> tuple[str, ...]:
         return tuple(a for a in ins.args if a not in ins.writes)
     if isinstance(ins, CallAten):
         return tuple(refs(ins.args) + refs([v for _, v in ins.kwargs]))
+    if isinstance(ins, LaunchUser):
+        return tuple(refs([v for _, v in ins.args]))
     if isinstance(ins, View):
         return (ins.base,)
     if isinstance(ins, (Item, EnsureLayout, EagerLayout, Restride, CopyMemory)):
@@ -270,6 +294,8 @@ def may_share_memory(ins: Instr) -> tuple[str, ...]:
         return (ins.src,)
     if isinstance(ins, CallAten) and ins.may_alias:
         return reads(ins)
+    if isinstance(ins, LaunchUser):  # a returned parameter not copied is its buffer itself
+        return tuple(b for p in ins.returns if p not in ins.clones and (b := ins.buffer(p)) is not None)
     return ()
 
 
@@ -308,6 +334,9 @@ _INSTR_TEXT = {
     Launch: lambda i: f"launch {i.kernel}({', '.join(i.args)}) writes {', '.join(i.writes)}"
     + _errors_str(i) + (" aligned" if i.aligned else "")
     + (f" sizes {sizes_str(i.sizes)}" if i.sizes else ""),
+    LaunchUser: lambda i: f"{i.out} = launch_user {i.kernel} {i.digest} grid {sizes_str(i.grid)}("
+    + ", ".join(f"{p}={_value_str(v)}" for p, v in i.args) + ")"
+    + (f" copies {', '.join(i.clones)}" if i.clones else "") + f" returns ({', '.join(i.returns)})",
     CallAten: lambda i: f"{i.out} = call {i.op if isinstance(i.op, str) else i.op.name}("
     + ", ".join([_value_str(a) for a in i.args] + [f"{k}={_value_str(v)}" for k, v in i.kwargs]) + ")"
     + ("" if i.may_alias else " fresh"),
@@ -391,6 +420,38 @@ def resolve_op(name: str) -> Any:
     return getattr(packet, overload) if overload else packet
 
 
+# --- users' Triton kernels by name ---
+
+
+def kernel_identity(kernel: Any) -> tuple[str, str]:
+    """("module:qualname", digest of its source): how a program names a JIT function. The
+    source is Triton's own key of it where it has one (the JIT functions it calls and the
+    globals it reads included), else its text."""
+    fn = kernel.fn
+    try:
+        source = str(kernel.cache_key)
+    except Exception:  # noqa: BLE001 - a kernel Triton cannot key is named by its text
+        source = getattr(kernel, "src", "") or ""
+    return f"{fn.__module__}:{fn.__qualname__}", hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def find_user_kernel(name: str, digest: str) -> Any:
+    """The JIT function a name from kernel_identity leads to in this process, with the same
+    source; LookupError with the reason otherwise."""
+    module, _, qualname = name.partition(":")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise LookupError(f"the Triton kernel {name} is defined inside a function: no import re-finds it")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as error:
+        raise LookupError(f"the Triton kernel {name} cannot be imported ({error})") from error
+    if not hasattr(obj, "fn") or kernel_identity(obj) != (name, digest):
+        raise LookupError(f"the Triton kernel {name} has another source than the one compiled")
+    return obj
+
+
 # --- JSON-compatible form ---
 
 def _torch_name(value: Any) -> str:
@@ -430,7 +491,7 @@ def encode(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if is_symbolic(value):
-        return {"size": str(value)}
+        return {"size": size_text(value)}
     if isinstance(value, tuple):
         return [encode(v) for v in value]
     if isinstance(value, Check):
@@ -468,6 +529,12 @@ def to_dict(p: HostProgram) -> dict:
     if opaque:
         kinds = ", ".join(f"{n} ({type(p.constants[n]).__name__})" for n in opaque)
         raise ValueError(f"kiln: the host program holds objects that cannot be serialized: {kinds}")
+    for ins in p.body:
+        if isinstance(ins, LaunchUser):
+            try:
+                find_user_kernel(ins.kernel, ins.digest)
+            except LookupError as error:
+                raise ValueError(f"kiln: the host program cannot be stored: {error}") from error
     return {
         "version": FORMAT_VERSION,
         "device": p.device,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import sys
 from typing import Any, Iterator, Union
 
@@ -330,8 +331,29 @@ def render(s: Size, names: dict | None = None, lang: str = "c") -> str:
     return go(sympy.sympify(s))
 
 
+@functools.cache
+def _size_printer() -> Any:
+    """str() of a size, except that a floor division is written FloorDiv(a, b): its own
+    text (a//b) parses back as sympy's floor, not as the size it was. Made at first use, as
+    sympy is imported."""
+
+    class SizePrinter(sympy.printing.str.StrPrinter):
+        def _print(self, e, **kwargs) -> str:
+            floordiv = _floordiv_class()
+            if floordiv is not None and isinstance(e, floordiv):
+                return f"FloorDiv({self._print(e.args[0])}, {self._print(e.args[1])})"
+            return super()._print(e, **kwargs)
+
+    return SizePrinter()
+
+
+def text(s: Size) -> str:
+    """The text parse() reads back as s."""
+    return str(s) if isinstance(s, int) else _size_printer().doprint(s)
+
+
 def parse(text: str) -> Size:
-    """A size from its text (str(size)): symbols are positive integers, as Dynamo's are."""
+    """A size from its text (text(size)): symbols are positive integers, as Dynamo's are."""
     if text.isdigit():
         return int(text)
     expr = sympy.sympify(text, locals=_parse_locals(text))

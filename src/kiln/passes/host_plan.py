@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from kiln.frontend.user_triton import UserKernelCall
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK, Check
 from kiln.ir.host import (
     Alloc,
@@ -26,6 +27,7 @@ from kiln.ir.host import (
     Instr,
     Item,
     Launch,
+    LaunchUser,
     Ref,
     Restride,
     Return,
@@ -210,6 +212,13 @@ def _extern(b: _Builder, step: Node, layout_checked: bool) -> None:
         else:
             argnames.append(b.names[i])
     target, args_t, kwargs_t = step.attrs[0], step.attrs[1], step.attrs[2]
+    if isinstance(target, UserKernelCall) and target.reason is None:
+        tensors = {p: Ref(argnames[a.index]) for p, a in zip(target.tensor_params, args_t)}
+        args = tuple((p, v if isinstance(v, Ref) else b.literal(v, argnames))
+                     for p, v in target.arguments(tensors))
+        b.body.append(LaunchUser(b.names[step], target.name, target.digest, tuple(target.grid), args,
+                                 target.clones, target.returns))
+        return
     if hasattr(target, "as_aten"):  # a call kiln made up, written as the ATen call it is
         target, args_t = target.as_aten(*args_t)
     op = op_name(target) or b.constant(target, "fn")

@@ -25,6 +25,8 @@ from kiln.ir.host import (
     Instr,
     Item,
     Launch,
+    LaunchUser,
+    Ref,
     Return,
     Slot,
     View,
@@ -34,6 +36,7 @@ from kiln.ir.host import (
     refs,
 )
 from kiln.ir.sizes import is_symbolic
+from kiln.passes.layout import is_non_overlapping
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class MemoryPlan:
     freed: int  # buffers freed after their last read
     returned: frozenset[str]  # never pooled or freed: the caller gets their memory
     shared: frozenset[str]  # never pooled: an ATen call's result may be a view of them
+    copies_dropped: int = 0  # users' kernels writing a dead buffer in place of a copy of it
 
     @property
     def reused(self) -> int:
@@ -52,7 +56,9 @@ class MemoryPlan:
 
     def summary(self) -> str:
         return (f"{self.pooled} temporaries in {self.slots} slots, {self.freed} buffers freed after "
-                f"their last read, {len(self.returned)} returned, {len(self.shared)} viewed by ATen results")
+                f"their last read, {len(self.returned)} returned, {len(self.shared)} viewed by ATen results"
+                + (f", {self.copies_dropped} copies before users' kernels dropped (dead after them)"
+                   if self.copies_dropped else ""))
 
 
 def _returned(body: tuple[Instr, ...]) -> set[str]:
@@ -73,6 +79,80 @@ def _returned(body: tuple[Instr, ...]) -> set[str]:
     return seen
 
 
+def drop_dead_copies(body: tuple[Instr, ...]) -> tuple[tuple[Instr, ...], int]:
+    """A user's kernel writes a buffer's copy so that the buffer keeps its values; where
+    nothing reads the buffer after the launch, the kernel may write the buffer itself. Only
+    memory the program made whole (an allocation, a fresh ATen result) qualifies: an input's
+    memory is the caller's, and a view or a viewed buffer is read through other names."""
+    made = {i.out for i in body if isinstance(i, Alloc) or isinstance(i, CallAten) and not i.may_alias}
+    viewed = {src for i in body if not isinstance(i, LaunchUser) for src in may_share_memory(i)}
+    returned = _returned(body)
+    read_at: dict[str, list[int]] = {}
+    for k, ins in enumerate(body):
+        for name in (*reads(ins), *getattr(ins, "writes", ())):
+            read_at.setdefault(name, []).append(k)
+    out: list[Instr] = []
+    dropped = 0
+    for k, ins in enumerate(body):
+        if isinstance(ins, LaunchUser) and ins.clones:
+            names = [ins.buffer(p) for p, _ in ins.args]
+            keep = tuple(p for p in ins.clones if not (
+                (name := ins.buffer(p)) in made and name not in viewed and name not in returned
+                and names.count(name) == 1 and max(read_at[name]) == k))
+            dropped += len(ins.clones) - len(keep)
+            ins = dataclasses.replace(ins, clones=keep)
+        out.append(ins)
+    return tuple(out), dropped
+
+
+_COPY_ = "aten::copy_.default"
+
+
+def update_inputs_in_place(program: HostProgram) -> tuple[tuple[Instr, ...], int]:
+    """A user's kernel writing an input (an optimizer step in Triton) writes a copy of it,
+    which AOTAutograd's copy_ at the end puts back into the input: as in eager, the kernel may
+    write the input itself, and the copy_ goes, where nothing else reads the input after the
+    launch, nothing may view it, its elements do not overlap, and the program returns neither
+    it nor its new value."""
+    body = program.body
+    specs = {s.name: s for s in program.inputs}
+    readers: dict[str, list[int]] = {}
+    for k, ins in enumerate(body):
+        for name in (*reads(ins), *getattr(ins, "writes", ())):
+            readers.setdefault(name, []).append(k)
+    items = {(i.src, i.index): (k, i.out) for k, i in enumerate(body) if isinstance(i, Item)}
+    updates = {(i.args[0].name, i.args[1].name): k for k, i in enumerate(body)
+               if isinstance(i, CallAten) and i.op == _COPY_ and len(i.args) == 2
+               and all(isinstance(a, Ref) for a in i.args)}
+    # the copy_ returns its target: it views the input, but it is what goes
+    viewed = {src for k, i in enumerate(body) if k not in updates.values() for src in may_share_memory(i)}
+    returned = _returned(body)
+    out, gone, written = list(body), set(), 0
+    for k, ins in enumerate(body):
+        if not isinstance(ins, LaunchUser):
+            continue
+        keep = []
+        names = [ins.buffer(p) for p, _ in ins.args]
+        for p in ins.clones:
+            name = ins.buffer(p)
+            item = items.get((ins.out, ins.returns.index(p))) if p in ins.returns else None
+            update = updates.get((name, item[1])) if item is not None else None
+            spec = specs.get(name)
+            safe = (
+                update is not None and spec is not None and names.count(name) == 1
+                and name not in viewed and name not in returned
+                and item[1] not in returned and is_non_overlapping(spec.shape, spec.stride)
+                and all(r <= k or r == update for r in readers[name]) and body[update].out not in readers
+            )
+            if safe:
+                gone.add(update)
+                written += 1
+            else:
+                keep.append(p)
+        out[k] = dataclasses.replace(ins, clones=tuple(keep))
+    return tuple(i for k, i in enumerate(out) if k not in gone), written
+
+
 def _pooled_allocs_by_key(body: tuple[Instr, ...], returned: set[str], shared: set[str]) -> dict[Slot, int]:
     """How many temporaries of each slot shape the program allocates."""
     counts: dict[Slot, int] = {}
@@ -91,7 +171,9 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
         raise ValueError("kiln: the host program's memory is planned already (it has slots or frees)")
     if arena is None:
         arena = torch.device(program.device).type == "cpu"
-    body = program.body
+    body, in_place = update_inputs_in_place(program)
+    body, copies_dropped = drop_dead_copies(body)
+    copies_dropped += in_place
     root: dict[str, str] = {}  # a view -> the buffer whose memory it is
     for ins in body:
         if isinstance(ins, View):
@@ -99,6 +181,7 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
     returned = _returned(body)
     shared = {root.get(r, r) for ins in body if isinstance(ins, CallAten) and ins.may_alias
               for r in reads(ins)}
+    shared |= {root.get(r, r) for ins in body if isinstance(ins, LaunchUser) for r in may_share_memory(ins)}
     # reading a view reads the buffer under it: both stay alive; a kernel writing an input
     # (its update, in place) needs it alive too
     reads_at = [{x for r in (*reads(ins), *getattr(ins, "writes", ())) for x in (r, root.get(r, r))}
@@ -108,7 +191,7 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
         for name in names:
             last_read[name] = k
     # past the last launch or call the program only returns: freeing then saves nothing
-    work = [k for k, ins in enumerate(body) if isinstance(ins, (Launch, CallAten, Item))]
+    work = [k for k, ins in enumerate(body) if isinstance(ins, (Launch, LaunchUser, CallAten, Item))]
     last_work = work[-1] if work else -1
     order = {f"arg{k}": k - program.num_args for k in range(program.num_args)}
     for k, ins in enumerate(body):
@@ -162,5 +245,5 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
                 out.append(Free(name))
                 freed += 1
     planned = dataclasses.replace(program, body=tuple(out), arena=tuple(slots) if arena else ())
-    plan = MemoryPlan(len(slots), pooled, freed, frozenset(returned), frozenset(shared))
+    plan = MemoryPlan(len(slots), pooled, freed, frozenset(returned), frozenset(shared), copies_dropped)
     return planned, plan

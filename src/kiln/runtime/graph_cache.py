@@ -38,6 +38,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from kiln import errors
+from kiln.frontend.user_triton import cache_text_kwargs, is_user_kernel_op
 from kiln.ir.host import HostProgram, constants_blob, op_name, tensor_digest
 from kiln.options import env_debug, env_graph_cache
 from kiln.runtime import cache
@@ -122,7 +123,7 @@ def graph_lines(gm: fx.GraphModule) -> list[str]:
         elif n.op in ("call_function", "call_method"):
             target = _target_text(n.target) if n.op == "call_function" else f"method {n.target}"
             args = [_value_text(a, names) for a in n.args]
-            args += [f"{k}={_value_text(v, names)}" for k, v in n.kwargs.items()]
+            args += [f"{k}={_value_text(v, names)}" for k, v in _named_kwargs(n).items()]
             origin = n.meta.get("original_aten")  # lowerings read it (which check an index gets)
             lines.append(f"{name} = {target}({', '.join(args)})" + (f" from {origin}" if origin else ""))
         elif n.op == "output":
@@ -130,6 +131,17 @@ def graph_lines(gm: fx.GraphModule) -> list[str]:
         else:
             raise Uncacheable(f"a {n.op} node")
     return lines
+
+
+def _named_kwargs(n: fx.Node) -> dict[str, Any]:
+    """A call's kwargs as the key names them: a user's Triton kernel by name and source, not
+    by its index in this process's side table."""
+    if not is_user_kernel_op(n.target):
+        return n.kwargs
+    try:
+        return cache_text_kwargs(n.kwargs)
+    except LookupError as error:
+        raise Uncacheable(str(error)) from error
 
 
 def _attribute(gm: fx.GraphModule, target: str) -> Any:
