@@ -33,6 +33,9 @@ class Backend:
     split_small_addmm: bool = False
     # independent point-wise kernels one launch runs (ir/group.py); below 2, none are grouped
     group_members: int = 0
+    # matmul templates with fused epilogues (passes/matmul.py): False never, True wherever
+    # they apply, None where the cost model predicts they pay (on GPUs)
+    matmul_templates: bool | None = False
 
 
 def _cpp(options) -> Backend:
@@ -63,7 +66,8 @@ def _triton(options) -> Backend:
     unsupported = triton_math.INTERPRETER_UNSUPPORTED if triton_math.INTERPRETED else frozenset()
     # a persistent row lives in registers: keeping it is free, re-reading it is not
     return Backend("triton", "Triton", triton_group.render_source, build, False, tr.PERSISTENT_MAX, True,
-                   unsupported, tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True, group_members=16)
+                   unsupported, tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True, group_members=16,
+                   matmul_templates=options.matmul_templates)
 
 
 _FACTORIES = {"cpp": _cpp, "triton": _triton}

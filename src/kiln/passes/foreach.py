@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kiln.ir.group import make_group
 from kiln.ir.kernel import Kernel
+from kiln.ir.matmul import is_matmul
 from kiln.ir.sizes import is_symbolic
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
 from kiln.passes.layout import node_label
@@ -19,9 +20,9 @@ MAX_GROUP_ARGS = 1024  # buffers one launch takes: its arguments are passed one 
 
 
 def _groupable(kern: Kernel) -> bool:
-    """Point-wise, checking nothing, not empty, and of static sizes (a group's launch passes
-    its members' buffers only)."""
-    if kern.reduce or kern.checks or kern.sizes or is_symbolic(kern.outer_numel):
+    """Point-wise, checking nothing, not empty, of static sizes (a group's launch passes its
+    members' buffers only), and not a matmul template (a launch of its own tiling)."""
+    if kern.reduce or kern.checks or kern.sizes or is_symbolic(kern.outer_numel) or is_matmul(kern):
         return False
     return kern.outer_numel > 0
 

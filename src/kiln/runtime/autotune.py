@@ -17,7 +17,7 @@ import torch
 from kiln import logs
 from kiln.runtime.cache import write_atomic
 
-Config = tuple[int, int, int]  # XBLOCK, RBLOCK, num_warps
+Config = tuple[int, ...]  # XBLOCK, RBLOCK, num_warps; a matmul template's tiles, warps, stages
 
 
 # Triton builds a C launcher per kernel signature: a C compiler run when its cache is cold.
@@ -68,7 +68,8 @@ def _load_function(compiled):
     return function
 
 
-def _direct_launch(compiled, grid: tuple[int, int, int], config: Config, n_pointers: int) -> Callable:
+def _direct_launch(compiled, grid: tuple[int, int, int], config: Config, n_pointers: int,
+                   constants: tuple = ()) -> Callable:
     """Call the C launch function with everything fixed ahead: per launch, only the current
     stream is looked up (a fraction of Triton's generic launch path)."""
     device = torch.cuda.current_device()
@@ -78,7 +79,7 @@ def _direct_launch(compiled, grid: tuple[int, int, int], config: Config, n_point
     if shared is None:
         compiled._init_handles()
         run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
-        xblock, rblock, _ = config
+        constants = constants or config[:2]  # XBLOCK, RBLOCK
 
         def launch(*args):
             run(
@@ -92,8 +93,7 @@ def _direct_launch(compiled, grid: tuple[int, int, int], config: Config, n_point
                 None,
                 None,
                 *args,
-                xblock,
-                rblock,
+                *constants,
             )
 
         return launch
@@ -146,6 +146,8 @@ class TunedLauncher:
         record: Path,
         n_pointers: int,
         assumes_aligned: bool = True,
+        jit_kwargs: Callable[[Config], dict] | None = None,
+        constexprs: Callable[[Config], dict] | None = None,
     ):
         self.__name__ = name
         self.assumes_aligned = assumes_aligned
@@ -154,6 +156,9 @@ class TunedLauncher:
         self.jit_fn = jit_fn
         self.variants = variants
         self.record = record
+        # what Triton's JIT takes for a configuration, and the constexprs' values in order
+        self.jit_kwargs = jit_kwargs or (lambda c: dict(XBLOCK=c[0], RBLOCK=c[1], ALIGNED=False, num_warps=c[2]))
+        self.constexprs = constexprs
         self.choice: Config | None = None
         self.aligned: Callable = self._tune_and_launch
         if len(variants) == 1:
@@ -166,7 +171,8 @@ class TunedLauncher:
         self.aligned = self._launch(config)
 
     def _launch(self, config: Config) -> Callable:
-        return _direct_launch(self.variants[config], self.grid(config), config, self.n_pointers)
+        constants = tuple(self.constexprs(config).values()) if self.constexprs else ()
+        return _direct_launch(self.variants[config], self.grid(config), config, self.n_pointers, constants)
 
     def _tune(self, tensors) -> None:
         timings, launches = {}, {}
@@ -197,5 +203,5 @@ class TunedLauncher:
         if not self.assumes_aligned or all(t.data_ptr() % 16 == 0 for t in tensors):
             self.aligned(*tensors)
         else:
-            x, r, w = self.choice or next(iter(self.variants))
-            self.jit_fn[self.grid((x, r, w))](*tensors, XBLOCK=x, RBLOCK=r, ALIGNED=False, num_warps=w)
+            config = self.choice or next(iter(self.variants))
+            self.jit_fn[self.grid(config)](*tensors, **self.jit_kwargs(config))
