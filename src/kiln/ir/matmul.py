@@ -48,8 +48,10 @@ class MatmulKernel(Kernel):
     def template_header(self) -> list[str]:
         """The matmul's lines of the kernel's text (ir/kernel.py's kernel_str)."""
         bias = f" + {self.bias}" if self.bias is not None else ""
-        return [f"  matmul {self.m} x {self.n} x {self.k} ({dtype_name(self.operand_dtype)}): "
-                f"{self.product} = {dtype_name(self.product_dtype)}({self.a} @ {self.b}{bias})"]
+        return [
+            f"  matmul {self.m} x {self.n} x {self.k} ({dtype_name(self.operand_dtype)}): "
+            f"{self.product} = {dtype_name(self.product_dtype)}({self.a} @ {self.b}{bias})"
+        ]
 
 
 def is_matmul(kernel: Kernel) -> bool:

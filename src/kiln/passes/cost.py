@@ -537,10 +537,12 @@ def matmul_template_cost(kernel, ceilings: Ceilings) -> Cost:
     must_move = epilogue.must_move + operands
     flops = 2.0 * kernel.m * kernel.n * kernel.k
     rate = ceilings.matmul_flop_per_s * TEMPLATE_MATMUL_EFFICIENCY
-    busy = max(must_move / ceilings.copy_bytes_per_s, flops / rate, epilogue.seconds - ceilings.kernel_launch_s)
-    bound = "memory" if must_move / ceilings.copy_bytes_per_s >= flops / rate else "matmul"
+    memory_s = must_move / ceilings.copy_bytes_per_s
+    busy = max(memory_s, flops / rate, epilogue.seconds - ceilings.kernel_launch_s)
+    bound = "memory" if memory_s >= flops / rate else "matmul"
+    floor_s = max(memory_s, flops / ceilings.matmul_flop_per_s)
     return Cost(kernel.name, must_move, must_move, flops + epilogue.flops, 1, ceilings.kernel_launch_s + busy,
-                max(must_move / ceilings.copy_bytes_per_s, flops / ceilings.matmul_flop_per_s), bound)
+                floor_s, bound)
 
 
 @dataclass(frozen=True)

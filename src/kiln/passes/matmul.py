@@ -86,7 +86,9 @@ def _readers(product: str, node: Node, sched: Schedule, kernels, names) -> list:
     for step in sched.steps:
         if isinstance(step, KernelPlan):
             kern = kernels.get(id(step))
-            if kern is not None and any(a == product and not p.is_output for a, p in zip(kern.args, kern.params)):
+            if kern is not None and any(
+                a == product and not p.is_output for a, p in zip(kern.args, kern.params)
+            ):
                 found.append(step)
         elif any((sched.aliases[i].base if i in sched.aliases else i) is node for i in step.inputs):
             found.append(step)
@@ -120,8 +122,9 @@ def _epilogue(kern: Kernel, product: str, numel: int) -> tuple[str | None, str]:
     return params[0], ""
 
 
-def _template(mm: _Matmul, epilogue: Kernel | None, param: str | None, product: str, sched, names,
-              layouts) -> MatmulKernel | None:
+def _template(
+    mm: _Matmul, epilogue: Kernel | None, param: str | None, product: str, sched, names, layouts
+) -> MatmulKernel | None:
     """The MatmulKernel computing mm into epilogue (or, without one, storing the product)."""
     (m, k), n = mm.a.shape, mm.b.shape[1]
     if epilogue is None:  # the product stored as it is, in the ATen call's layout
@@ -130,11 +133,23 @@ def _template(mm: _Matmul, epilogue: Kernel | None, param: str | None, product: 
             return None
         x0, x1 = ix.Sym("x0", m), ix.Sym("x1", n)
         stored = ix.as_expr(x0) * strides[0] + ix.as_expr(x1) * strides[1]
-        stages = (Stage(False, (Load("t0", "product_in", _row_major((x0, x1)), mm.node.dtype),
-                                Store("out0", stored, "t0", mm.node.dtype))),)
-        epilogue = Kernel("kernel", (x0, x1), (), (Param("product_in", mm.node.dtype, False),
-                                                  Param("out0", mm.node.dtype, True)), stages,
-                          args=(product, product))
+        stages = (
+            Stage(
+                False,
+                (
+                    Load("t0", "product_in", _row_major((x0, x1)), mm.node.dtype),
+                    Store("out0", stored, "t0", mm.node.dtype),
+                ),
+            ),
+        )
+        epilogue = Kernel(
+            "kernel",
+            (x0, x1),
+            (),
+            (Param("product_in", mm.node.dtype, False), Param("out0", mm.node.dtype, True)),
+            stages,
+            args=(product, product),
+        )
         param = "product_in"
     operands = [("mat_a", mm.a, (m, k)), ("mat_b", mm.b, (k, n))]
     if mm.bias is not None:
@@ -149,9 +164,23 @@ def _template(mm: _Matmul, epilogue: Kernel | None, param: str | None, product: 
     params = tuple(p for p, _ in keep) + tuple(Param(name, node.dtype, False) for name, node, _ in read)
     args = tuple(a for _, a in keep) + tuple(buf for _, _, (buf, _) in read)
     ops = {name: op for name, _, (_, op) in read}
-    return MatmulKernel(epilogue.name, epilogue.outer, (), params, epilogue.stages, args=args, m=m, n=n, k=k,
-                        a=ops["mat_a"], b=ops["mat_b"], bias=ops.get("mat_bias"), product=param,
-                        product_dtype=mm.node.dtype, operand_dtype=mm.a.dtype)
+    return MatmulKernel(
+        epilogue.name,
+        epilogue.outer,
+        (),
+        params,
+        epilogue.stages,
+        args=args,
+        m=m,
+        n=n,
+        k=k,
+        a=ops["mat_a"],
+        b=ops["mat_b"],
+        bias=ops.get("mat_bias"),
+        product=param,
+        product_dtype=mm.node.dtype,
+        operand_dtype=mm.a.dtype,
+    )
 
 
 def _cublas_cost(mm: _Matmul, ceilings) -> cost.Cost:
@@ -162,8 +191,9 @@ def _cublas_cost(mm: _Matmul, ceilings) -> cost.Cost:
     return cost.aten_cost(mm.node.attrs[0], args, meta(mm.node), ceilings)
 
 
-def use_templates(sched: Schedule, kernels: dict[int, Kernel], names: dict[Node, str], layouts,
-                  forced: bool, ceilings) -> list[Decision]:
+def use_templates(
+    sched: Schedule, kernels: dict[int, Kernel], names: dict[Node, str], layouts, forced: bool, ceilings
+) -> list[Decision]:
     """Fuse qualifying matmuls into their epilogue kernels (in sched.steps and kernels), as
     forced (every qualifying one) or as the cost model chooses; returns the decisions."""
     decisions = []

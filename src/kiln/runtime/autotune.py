@@ -157,7 +157,9 @@ class TunedLauncher:
         self.variants = variants
         self.record = record
         # what Triton's JIT takes for a configuration, and the constexprs' values in order
-        self.jit_kwargs = jit_kwargs or (lambda c: dict(XBLOCK=c[0], RBLOCK=c[1], ALIGNED=False, num_warps=c[2]))
+        self.jit_kwargs = jit_kwargs or (
+            lambda c: dict(XBLOCK=c[0], RBLOCK=c[1], ALIGNED=False, num_warps=c[2])
+        )
         self.constexprs = constexprs
         self.choice: Config | None = None
         self.aligned: Callable = self._tune_and_launch

@@ -13,7 +13,7 @@ from pathlib import Path
 from kiln.ir.kernel import Kernel
 from kiln.ir.matmul import is_matmul
 from kiln.runtime import cache, compile_pool
-from kiln.runtime.autotune import Config, TunedLauncher
+from kiln.runtime.autotune import TunedLauncher
 
 
 @dataclass

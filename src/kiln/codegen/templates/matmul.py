@@ -25,14 +25,25 @@ LARGE = (128, 256, 64, 8, 8, 3)
 SQUARE = (128, 128, 64, 8, 8, 4)
 SMALL = (64, 64, 32, 8, 4, 3)
 INTERPRETED = (32, 32, 16, 2, 4, 1)  # few programs: the interpreter costs ~1 ms each
-CANDIDATES = (LARGE, (256, 128, 64, 8, 8, 3), SQUARE, (128, 128, 64, 8, 4, 4), (128, 256, 64, 8, 8, 4),
-              (128, 128, 128, 8, 8, 3), (64, 256, 64, 8, 4, 4), SMALL)
+CANDIDATES = (
+    LARGE,
+    (256, 128, 64, 8, 8, 3),
+    SQUARE,
+    (128, 128, 64, 8, 4, 4),
+    (128, 256, 64, 8, 8, 4),
+    (128, 128, 128, 8, 8, 3),
+    (64, 256, 64, 8, 4, 4),
+    SMALL,
+)
 
 
 def _fits(config: MatmulConfig, kernel: MatmulKernel) -> bool:
     bm, bn, bk = config[:3]
-    return bm <= max(16, next_pow2(kernel.m)) and bn <= max(16, next_pow2(kernel.n)) and bk <= max(
-        16, next_pow2(kernel.k))
+    return (
+        bm <= max(16, next_pow2(kernel.m))
+        and bn <= max(16, next_pow2(kernel.n))
+        and bk <= max(16, next_pow2(kernel.k))
+    )
 
 
 def _for_operands(config: MatmulConfig, kernel: MatmulKernel) -> MatmulConfig:

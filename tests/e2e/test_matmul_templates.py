@@ -1,0 +1,84 @@
+"""Matmul templates (passes/matmul.py, codegen/templates/matmul.py) through Triton's
+interpreter: every case's result matches eager on random inputs, with the matmul and its
+epilogue in one kernel. The cases run in one process of their own (matmul_cases.py), which
+sets TRITON_INTERPRET=1 before Triton is imported."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CASES = Path(__file__).with_name("matmul_cases.py")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path_factory.mktemp("kiln-cache")))
+    env.pop("KILN_MATMUL_TEMPLATES", None)
+    proc = subprocess.run(
+        [sys.executable, str(CASES)], env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+FUSED = [
+    "addmm_gelu_f32",
+    "bias_gelu_bf16",
+    "residual_f16",
+    "linear_relu_3d",
+    "row_scale_cast",
+    "two_readers",
+]
+
+
+@pytest.mark.parametrize(
+    "case", ["mm_f32", "mm_odd_bf16", *FUSED, "product_returned", "off", "default_on_cpu"]
+)
+def test_matches_eager(results, case):
+    assert results[case]["error"] == ""
+
+
+@pytest.mark.parametrize("case", FUSED)
+def test_epilogue_runs_inside_the_matmul_kernel(results, case):
+    """One kernel, a template, whose source has the tl.dot and the epilogue's stores; no
+    ATen matmul left in the host program."""
+    r = results[case]
+    assert len(r["kernels"]) == 1 and r["templates"] == r["kernels"], r["kernels"]
+    source = r["sources"][r["kernels"][0]]
+    assert "tl.dot(" in source and "tl.store(" in source
+    assert source.index("tl.dot(") < source.index("product = ")
+    assert "op_0(" not in r["host"]  # the host program's ATen calls are op_0, op_1, ...
+    assert any(
+        verdict == "template" and reason.startswith("with its epilogue")
+        for _, verdict, reason in r["decisions"]
+    )
+
+
+def test_bias_and_activation_are_in_the_epilogue(results):
+    source = results["addmm_gelu_f32"]["sources"]["kiln_addmm_gelu_0"]
+    assert "acc = acc + " in source and "mat_bias" in source  # addmm's bias, added in float32
+    assert "km.gelu(" in source
+    assert 'input_precision="ieee"' in source  # float32 operands as eager's IEEE float32 matmul
+    bf16 = results["bias_gelu_bf16"]["sources"]
+    (source,) = bf16.values()
+    assert "product = km.round_bf16(acc)" in source  # rounded as eager's bf16 mm result
+
+
+def test_a_product_read_elsewhere_is_stored_by_the_template(results):
+    r = results["product_returned"]
+    assert r["templates"] and len(r["kernels"]) == 2
+    assert any(
+        verdict == "template" and reason.startswith("storing the product")
+        for _, verdict, reason in r["decisions"]
+    )
+
+
+def test_off_and_default_keep_atens_matmul_on_the_cpu(results):
+    for case in ("off", "default_on_cpu"):
+        r = results[case]
+        assert not r["templates"] and not any(v == "template" for _, v, _ in r["decisions"])
+        assert "op_0(arg0, arg1)" in r["host"]  # ATen's mm
