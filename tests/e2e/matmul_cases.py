@@ -121,9 +121,44 @@ def run(name, fn, inputs, options):
     }
 
 
+def cublas_candidate():
+    """max-autotune's cuBLAS candidate (runtime/matmul_candidates.py) on a template's own
+    arguments: ATen's addmm on the strided operands, then the epilogue as a kernel of its own."""
+    from kiln.codegen.triton import render_source
+    from kiln.ir.matmul import epilogue_kernel
+    from kiln.runtime.matmul_candidates import cublas_launch
+    from kiln.runtime.triton_build import build_all
+
+    def linear_gelu(x, w, b):
+        return F.gelu(F.linear(x, w, b))
+
+    inputs = [_randn(200, 264), _randn(328, 264), _randn(328)]  # w.t(): a strided operand
+    torch._dynamo.reset()
+    before = len(REPORTS)
+    kiln.compile(linear_gelu, target="triton", matmul_templates=True)(*inputs)
+    (kern,) = [k for k in REPORTS[before:][-1].kernels if is_matmul(k)]
+    epilogue = epilogue_kernel(kern)
+    (built,) = build_all([(epilogue, render_source(epilogue))])
+    tensors, out = [], None
+    for arg, param in zip(kern.args, kern.params):
+        if param.is_output:
+            out = torch.empty(200, 328)
+            tensors.append(out)
+        else:
+            tensors.append(inputs[int(arg.removeprefix("arg"))])
+    cublas_launch(kern, built.fn)(*tensors)
+    error = ""
+    try:
+        torch.testing.assert_close(out, linear_gelu(*inputs), **TOLERANCE[torch.float32])
+    except AssertionError as e:
+        error = str(e)[:2000]
+    return {"error": error, "bias": kern.bias is not None, "b_stride": list(kern.b.stride)}
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     wanted = sys.argv[1:]
-    print(
-        json.dumps({name: run(name, *case) for name, case in cases().items() if not wanted or name in wanted})
-    )
+    results = {name: run(name, *case) for name, case in cases().items() if not wanted or name in wanted}
+    if not wanted or "cublas_candidate" in wanted:
+        results["cublas_candidate"] = cublas_candidate()
+    print(json.dumps(results))

@@ -82,3 +82,10 @@ def test_off_and_default_keep_atens_matmul_on_the_cpu(results):
         r = results[case]
         assert not r["templates"] and not any(v == "template" for _, v, _ in r["decisions"])
         assert "op_0(arg0, arg1)" in r["host"]  # ATen's mm
+
+
+def test_max_autotunes_cublas_candidate_matches_eager(results):
+    """ATen's addmm on the template's strided operands (a transposed weight), then the
+    epilogue as a kernel of its own, on the template's own arguments."""
+    r = results["cublas_candidate"]
+    assert r["error"] == "" and r["bias"] and r["b_stride"] == [1, 264]

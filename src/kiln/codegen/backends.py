@@ -36,6 +36,8 @@ class Backend:
     # matmul templates with fused epilogues (passes/matmul.py): False never, True wherever
     # they apply, None where the cost model predicts they pay (on GPUs)
     matmul_templates: bool | None = False
+    # whether a matmul template's first call times cuBLAS against it (max-autotune)
+    times_matmuls: bool = False
 
 
 def _cpp(options) -> Backend:
@@ -67,7 +69,7 @@ def _triton(options) -> Backend:
     # a persistent row lives in registers: keeping it is free, re-reading it is not
     return Backend("triton", "Triton", triton_group.render_source, build, False, tr.PERSISTENT_MAX, True,
                    unsupported, tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True, group_members=16,
-                   matmul_templates=options.matmul_templates)
+                   matmul_templates=options.matmul_templates, times_matmuls=options.mode == "max-autotune")
 
 
 _FACTORIES = {"cpp": _cpp, "triton": _triton}

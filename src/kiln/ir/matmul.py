@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kiln.ir.kernel import Kernel
+from kiln.ir.kernel import Kernel, Param
 from kiln.ir.tensor import dtype_name
 
 
@@ -44,6 +44,8 @@ class MatmulKernel(Kernel):
     product: str = ""  # the name the epilogue's loads of the product use
     product_dtype: torch.dtype = torch.float32
     operand_dtype: torch.dtype = torch.float32
+    # max-autotune also times cuBLAS and the epilogue as a kernel of its own (epilogue_kernel)
+    cublas_candidate: bool = False
 
     def template_header(self) -> list[str]:
         """The matmul's lines of the kernel's text (ir/kernel.py's kernel_str)."""
@@ -56,3 +58,19 @@ class MatmulKernel(Kernel):
 
 def is_matmul(kernel: Kernel) -> bool:
     return isinstance(kernel, MatmulKernel)
+
+
+OPERAND_PARAMS = ("mat_a", "mat_b", "mat_bias")
+
+
+def epilogue_kernel(kernel: MatmulKernel) -> Kernel:
+    """The epilogue as the point-wise kernel it was: it reads the product from a buffer, its
+    last parameter (the cuBLAS candidate that max-autotune times against the template)."""
+    params = tuple(p for p in kernel.params if p.name not in OPERAND_PARAMS)
+    return Kernel(
+        f"{kernel.name}_epilogue",
+        kernel.outer,
+        (),
+        (*params, Param(kernel.product, kernel.product_dtype, False)),
+        kernel.stages,
+    )

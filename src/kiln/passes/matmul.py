@@ -12,6 +12,7 @@ call or output). Every matmul gets a Decision: the template, or cuBLAS and why.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -192,10 +193,18 @@ def _cublas_cost(mm: _Matmul, ceilings) -> cost.Cost:
 
 
 def use_templates(
-    sched: Schedule, kernels: dict[int, Kernel], names: dict[Node, str], layouts, forced: bool, ceilings
+    sched: Schedule,
+    kernels: dict[int, Kernel],
+    names: dict[Node, str],
+    layouts,
+    forced: bool,
+    ceilings,
+    timed: bool = False,
 ) -> list[Decision]:
     """Fuse qualifying matmuls into their epilogue kernels (in sched.steps and kernels), as
-    forced (every qualifying one) or as the cost model chooses; returns the decisions."""
+    forced (every qualifying one) or as the cost model chooses; returns the decisions. timed
+    (max-autotune): every qualifying matmul with an epilogue becomes a template whose first
+    call times cuBLAS with the epilogue as a kernel of its own against its configurations."""
     decisions = []
     for node in [s for s in sched.steps if not isinstance(s, KernelPlan)]:
         if node.op is not Op.EXTERN or node.attrs[0] not in MATMULS:
@@ -221,6 +230,10 @@ def use_templates(
             decisions.append(Decision(label, "cuBLAS", "no template: an operand's strides are not numbers"))
             continue
         choice = cost.choose_matmul(template, epilogue, _cublas_cost(mm, ceilings), ceilings, forced)
+        if timed and not forced and epilogue is not None:
+            template = dataclasses.replace(template, cublas_candidate=True)
+            timing = f"timed against cuBLAS at the first call (max-autotune); predicted {choice.reason}"
+            choice = dataclasses.replace(choice, template=True, reason=timing)
         if not choice.template:
             decisions.append(Decision(label, "cuBLAS", choice.reason + (f" ({why})" if why else "")))
             continue

@@ -189,6 +189,11 @@ def _compile_graph(
             "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows))
         kernels = _name_by_content(kernels, sched)
         templates = _matmul_templates(sched, kernels, names, layouts, backend, example_inputs)
+        left_in_aten = {str(s.attrs[0]) for s in sched.steps
+                        if not isinstance(s, KernelPlan) and s.op is Op.EXTERN}
+        for name in [n for n in report.fallbacks if n not in left_in_aten and templates]:
+            if any(d.node.endswith(" " + name) for d in templates if d.verdict == "template"):
+                del report.fallbacks[name]  # every call of it became a matmul template
         groups = group_kernels(sched, kernels, backend.group_members)
         kernels = _name_by_content(kernels, sched)
         sched.decisions.extend(updates + templates + groups)
@@ -248,7 +253,8 @@ def _matmul_templates(sched, kernels, names, layouts, backend: Backend, example_
     from kiln.runtime.ceilings import known_ceilings
 
     ceilings = (known_ceilings(device) if device.type == "cuda" else None) or NOMINAL_GPU
-    return use_templates(sched, kernels, names, layouts, backend.matmul_templates is True, ceilings)
+    forced = backend.matmul_templates is True
+    return use_templates(sched, kernels, names, layouts, forced, ceilings, backend.times_matmuls)
 
 
 def _launch_roots(sched: Schedule, kernels: dict[int, Kernel]) -> dict[tuple, list[Node]]:

@@ -133,6 +133,8 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
 
     kernels = [(kernel, path) for (kernel, _), (_, path, _) in zip(jobs, loaded)]
     all_variants = compile_variants(kernels, _current_target(), autotune)
+    if autotune:
+        _add_cublas_candidates([kernel for kernel, _ in kernels], all_variants)
     builds = []
     for (kernel, path), (jit_fn, _, cached), variants in zip(kernels, loaded, all_variants):
         launcher = TunedLauncher(
@@ -148,6 +150,23 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
         )
         builds.append(TritonBuild(launcher, cached))
     return builds
+
+
+def _add_cublas_candidates(kernels: list[Kernel], all_variants: list[dict]) -> None:
+    """max-autotune: a matmul template that asks for it also times cuBLAS with its epilogue as
+    a kernel of its own (runtime/matmul_candidates.py), built here beside it."""
+    from kiln.codegen.triton import render_source
+    from kiln.ir.matmul import epilogue_kernel
+    from kiln.runtime.matmul_candidates import CUBLAS, cublas_launch
+
+    wanted = [(kernel, variants) for kernel, variants in zip(kernels, all_variants)
+              if is_matmul(kernel) and kernel.cublas_candidate]
+    if not wanted:
+        return
+    epilogues = [epilogue_kernel(kernel) for kernel, _ in wanted]
+    built = build_all([(e, render_source(e)) for e in epilogues], autotune=False)
+    for (kernel, variants), epilogue in zip(wanted, built):
+        variants[CUBLAS] = cublas_launch(kernel, epilogue.fn)
 
 
 def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune: bool = False) -> list[dict]:
