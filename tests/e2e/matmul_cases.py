@@ -56,6 +56,11 @@ def _product_returned(x, w):
     return y, torch.relu(y)
 
 
+def _update_operand(x, w):
+    x.add_(x @ w)
+    return w * 2
+
+
 def _randn(*shape, dtype=torch.float32):
     return torch.randn(*shape).to(dtype)
 
@@ -86,6 +91,7 @@ def cases():
         ),
         "two_readers": (_two_readers, [_randn(32, 16, dtype=f32), _randn(16, 24, dtype=f32)], {}),
         "product_returned": (_product_returned, [_randn(32, 16), _randn(16, 24)], {}),
+        "update_operand": (_update_operand, [_randn(32, 32), _randn(32, 32)], {}),
         "off": (_bias_gelu, [_randn(64, 32), _randn(32, 48), _randn(48)], {"matmul_templates": False}),
         "default_on_cpu": (
             _bias_gelu,

@@ -89,3 +89,10 @@ def test_max_autotunes_cublas_candidate_matches_eager(results):
     epilogue as a kernel of its own, on the template's own arguments."""
     r = results["cublas_candidate"]
     assert r["error"] == "" and r["bias"] and r["b_stride"] == [1, 264]
+
+
+def test_an_epilogue_that_overwrites_an_operand_keeps_cublas(results):
+    """x += x @ w: programs of a template would still read rows of x that others overwrite."""
+    r = results["update_operand"]
+    assert r["error"] == "" and not r["templates"]
+    assert any(v == "cuBLAS" and "overwrites an operand" in reason for _, v, reason in r["decisions"])

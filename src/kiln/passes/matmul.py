@@ -161,6 +161,9 @@ def _template(
         if found is None:
             return None
         read.append((name, node, found))
+    written = {a for p, a in zip(epilogue.params, epilogue.args) if p.is_output}
+    if written & {buf for _, _, (buf, _) in read}:  # other programs still read what one overwrites
+        return None
     keep = [(p, a) for p, a in zip(epilogue.params, epilogue.args) if p.name != param]
     params = tuple(p for p, _ in keep) + tuple(Param(name, node.dtype, False) for name, node, _ in read)
     args = tuple(a for _, a in keep) + tuple(buf for _, _, (buf, _) in read)
@@ -227,10 +230,12 @@ def use_templates(
         epilogue = kernels[id(plan)] if plan is not None else None
         template = _template(mm, epilogue, param, product, sched, names, layouts)
         if template is None:
-            decisions.append(Decision(label, "cuBLAS", "no template: an operand's strides are not numbers"))
+            why = "an operand's strides are not numbers, or the epilogue overwrites an operand"
+            decisions.append(Decision(label, "cuBLAS", f"no template: {why}"))
             continue
         choice = cost.choose_matmul(template, epilogue, _cublas_cost(mm, ceilings), ceilings, forced)
-        if timed and not forced and epilogue is not None:
+        # 16-bit operands only: eager's float32 matmul is IEEE float32, where cuBLAS wins
+        if timed and not forced and epilogue is not None and mm.a.dtype.itemsize == 2:
             template = dataclasses.replace(template, cublas_candidate=True)
             timing = f"timed against cuBLAS at the first call (max-autotune); predicted {choice.reason}"
             choice = dataclasses.replace(choice, template=True, reason=timing)

@@ -56,10 +56,12 @@ def _for_operands(config: MatmulConfig, kernel: MatmulKernel) -> MatmulConfig:
 def launch_config(kernel: MatmulKernel, interpreted: bool) -> MatmulConfig:
     if interpreted:
         return INTERPRETED
-    for config in (LARGE, SQUARE, SMALL):
+    if kernel.operand_dtype.itemsize == 4:  # FMAs, not wgmma: a 128 x 256 tile would spill
+        return _for_operands(SQUARE, kernel)
+    for config in (LARGE, SQUARE):
         bm, bn = config[:2]
-        if kernel.m % bm == 0 and kernel.n % bn == 0 or config is SMALL:
-            return _for_operands(config, kernel)
+        if kernel.m % bm == 0 and kernel.n % bn == 0:
+            return config
     return SMALL
 
 
