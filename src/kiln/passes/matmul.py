@@ -23,6 +23,7 @@ from kiln.ir.kernel import Kernel, Load, Param, Stage, Store
 from kiln.ir.matmul import MatmulKernel, Operand, is_matmul
 from kiln.ir.sizes import is_symbolic
 from kiln.ir.tensor import ArgRef, Node, Op
+from kiln.options import env_debug
 from kiln.passes import cost
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
 from kiln.passes.layout import node_label
@@ -215,37 +216,46 @@ def use_templates(
         label = node_label(node) + f" {node.attrs[0]}"
         # this decision replaces the one that the call runs in ATen
         sched.decisions[:] = [d for d in sched.decisions if not (d.verdict == "extern" and d.node == label)]
-        mm, why = _as_matmul(node)
-        if mm is None:
-            decisions.append(Decision(label, "cuBLAS", f"no template: {why}"))
-            continue
-        product = names[node]
-        readers = _readers(product, node, sched, kernels, names)
-        plan, param = None, None
-        if len(readers) == 1 and isinstance(readers[0], KernelPlan):
-            param, why = _epilogue(kernels[id(readers[0])], product, node.numel)
-            plan = readers[0] if param is not None else None
-        else:
-            why = f"{len(readers)} readers of the product" if readers else "nothing reads the product"
-        epilogue = kernels[id(plan)] if plan is not None else None
-        template = _template(mm, epilogue, param, product, sched, names, layouts)
-        if template is None:
-            why = "an operand's strides are not numbers, or the epilogue overwrites an operand"
-            decisions.append(Decision(label, "cuBLAS", f"no template: {why}"))
-            continue
-        choice = cost.choose_matmul(template, epilogue, _cublas_cost(mm, ceilings), ceilings, forced)
-        # 16-bit operands only: eager's float32 matmul is IEEE float32, where cuBLAS wins
-        if timed and not forced and epilogue is not None and mm.a.dtype.itemsize == 2:
-            template = dataclasses.replace(template, cublas_candidate=True)
-            timing = f"timed against cuBLAS at the first call (max-autotune); predicted {choice.reason}"
-            choice = dataclasses.replace(choice, template=True, reason=timing)
-        if not choice.template:
-            decisions.append(Decision(label, "cuBLAS", choice.reason + (f" ({why})" if why else "")))
-            continue
-        _replace(sched, kernels, node, plan, template)
-        fused = "with its epilogue" if plan is not None else "storing the product"
-        decisions.append(Decision(label, "template", f"{fused}: {choice.reason}"))
+        try:
+            decisions.append(_decide(node, label, sched, kernels, names, layouts, forced, ceilings, timed))
+        except Exception as e:  # a template is an optimization: its failure must not fail the program
+            if env_debug():
+                raise
+            decisions.append(
+                Decision(label, "cuBLAS", f"no template: internal error {type(e).__name__}: {e}")
+            )
     return decisions
+
+
+def _decide(node: Node, label: str, sched, kernels, names, layouts, forced, ceilings, timed) -> Decision:
+    """One matmul: a template in the schedule (and its Decision), or cuBLAS and why."""
+    mm, why = _as_matmul(node)
+    if mm is None:
+        return Decision(label, "cuBLAS", f"no template: {why}")
+    product = names[node]
+    readers = _readers(product, node, sched, kernels, names)
+    plan, param = None, None
+    if len(readers) == 1 and isinstance(readers[0], KernelPlan):
+        param, why = _epilogue(kernels[id(readers[0])], product, node.numel)
+        plan = readers[0] if param is not None else None
+    else:
+        why = f"{len(readers)} readers of the product" if readers else "nothing reads the product"
+    epilogue = kernels[id(plan)] if plan is not None else None
+    template = _template(mm, epilogue, param, product, sched, names, layouts)
+    if template is None:
+        why = "an operand's strides are not numbers, or the epilogue overwrites an operand"
+        return Decision(label, "cuBLAS", f"no template: {why}")
+    choice = cost.choose_matmul(template, epilogue, _cublas_cost(mm, ceilings), ceilings, forced)
+    # 16-bit operands only: eager's float32 matmul is IEEE float32, where cuBLAS wins
+    if timed and not forced and epilogue is not None and mm.a.dtype.itemsize == 2:
+        template = dataclasses.replace(template, cublas_candidate=True)
+        timing = f"timed against cuBLAS at the first call (max-autotune); predicted {choice.reason}"
+        choice = dataclasses.replace(choice, template=True, reason=timing)
+    if not choice.template:
+        return Decision(label, "cuBLAS", choice.reason + (f" ({why})" if why else ""))
+    _replace(sched, kernels, node, plan, template)
+    fused = "with its epilogue" if plan is not None else "storing the product"
+    return Decision(label, "template", f"{fused}: {choice.reason}")
 
 
 def _replace(sched: Schedule, kernels, node: Node, plan: KernelPlan | None, template: MatmulKernel) -> None:
