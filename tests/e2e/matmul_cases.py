@@ -61,6 +61,11 @@ def _update_operand(x, w):
     return w * 2
 
 
+def _product_read_later(x, w, v):
+    y = x @ w
+    return torch.relu(y) @ v + y.sum()
+
+
 def _randn(*shape, dtype=torch.float32):
     return torch.randn(*shape).to(dtype)
 
@@ -91,6 +96,7 @@ def cases():
         ),
         "two_readers": (_two_readers, [_randn(32, 16, dtype=f32), _randn(16, 24, dtype=f32)], {}),
         "product_returned": (_product_returned, [_randn(32, 16), _randn(16, 24)], {}),
+        "product_read_later": (_product_read_later, [_randn(32, 16), _randn(16, 24), _randn(24, 40)], {}),
         "update_operand": (_update_operand, [_randn(32, 32), _randn(32, 32)], {}),
         "off": (_bias_gelu, [_randn(64, 32), _randn(32, 48), _randn(48)], {"matmul_templates": False}),
         "default_on_cpu": (

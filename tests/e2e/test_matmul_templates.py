@@ -35,9 +35,18 @@ FUSED = [
 ]
 
 
-@pytest.mark.parametrize(
-    "case", ["mm_f32", "mm_odd_bf16", *FUSED, "product_returned", "off", "default_on_cpu"]
-)
+OTHERS = [
+    "mm_f32",
+    "mm_odd_bf16",
+    "product_returned",
+    "product_read_later",
+    "update_operand",
+    "off",
+    "default_on_cpu",
+]
+
+
+@pytest.mark.parametrize("case", [*FUSED, *OTHERS])
 def test_matches_eager(results, case):
     assert results[case]["error"] == ""
 
@@ -68,13 +77,16 @@ def test_bias_and_activation_are_in_the_epilogue(results):
     assert "product = km.round_bf16(acc)" in source  # rounded as eager's bf16 mm result
 
 
-def test_a_product_read_elsewhere_is_stored_by_the_template(results):
-    r = results["product_returned"]
-    assert r["templates"] and len(r["kernels"]) == 2
-    assert any(
-        verdict == "template" and reason.startswith("storing the product")
-        for _, verdict, reason in r["decisions"]
-    )
+def test_a_product_read_elsewhere_is_stored_by_the_template_too(results):
+    """A returned product (a training forward saves it) or one a later kernel reduces: the
+    template stores it beside its epilogue's results."""
+    for case, kernels in (("product_returned", 1), ("product_read_later", 3)):
+        r = results[case]
+        assert r["templates"] and len(r["kernels"]) == kernels, r["kernels"]
+        assert any(
+            verdict == "template" and "storing the product too" in reason
+            for _, verdict, reason in r["decisions"]
+        ), r["decisions"]
 
 
 def test_off_and_default_keep_atens_matmul_on_the_cpu(results):

@@ -35,6 +35,7 @@ def _train_step(model):
         loss = model(x).square().mean()
         loss.backward()
         return loss
+
     return step
 
 

@@ -124,6 +124,51 @@ def _epilogue(kern: Kernel, product: str, numel: int) -> tuple[str | None, str]:
     return params[0], ""
 
 
+def _with_product_stored(epilogue: Kernel, param: str, product: str, layouts, node: Node) -> Kernel | None:
+    """The epilogue also storing the product into its own buffer, in the ATen call's layout
+    (later kernels, ATen calls or the outputs read it)."""
+    strides, n = layouts(node), node.shape[1]
+    if strides is None or any(is_symbolic(s) for s in strides):
+        return None
+    flat = _row_major(epilogue.outer)
+    rows, cols = (
+        (ix.as_expr(epilogue.outer[0]), ix.as_expr(epilogue.outer[1]))
+        if len(epilogue.outer) == 2 and (epilogue.outer[1].extent == n)
+        else (flat // n, flat % n)
+    )
+    stored = rows * strides[0] + cols * strides[1]
+    dtype = node.dtype
+    body = (Load("mm_product", param, flat, dtype), Store("mm_out", stored, "mm_product", dtype))
+    stages = (Stage(False, body + epilogue.stages[0].body), *epilogue.stages[1:])
+    return dataclasses.replace(
+        epilogue,
+        params=(*epilogue.params, Param("mm_out", dtype, True)),
+        args=(*epilogue.args, product),
+        stages=stages,
+    )
+
+
+def _first_epilogue(readers: list, sched: Schedule, kernels, product: str, node: Node):
+    """(plan, parameter, whether the product is also stored) of the kernel that takes the
+    product as its epilogue: its first reader, a point-wise kernel of its domain, when every
+    other reader comes after it (or is an output); else (None, why, False)."""
+    plans = [r for r in readers if isinstance(r, KernelPlan)]
+    if not plans:
+        return (
+            None,
+            f"{len(readers)} readers of the product, none a kernel" if readers else "nothing reads it",
+            False,
+        )
+    order = {id(s): i for i, s in enumerate(sched.steps)}
+    first = min(plans, key=lambda p: order[id(p)])
+    if any(r != "output" and r is not first and order[id(r)] < order[id(first)] for r in readers):
+        return None, "an ATen call reads the product before its first kernel does", False
+    param, why = _epilogue(kernels[id(first)], product, node.numel)
+    if param is None:
+        return None, why, False
+    return first, param, len(readers) > 1
+
+
 def _template(
     mm: _Matmul, epilogue: Kernel | None, param: str | None, product: str, sched, names, layouts
 ) -> MatmulKernel | None:
@@ -234,18 +279,19 @@ def _decide(node: Node, label: str, sched, kernels, names, layouts, forced, ceil
         return Decision(label, "cuBLAS", f"no template: {why}")
     product = names[node]
     readers = _readers(product, node, sched, kernels, names)
-    plan, param = None, None
-    if len(readers) == 1 and isinstance(readers[0], KernelPlan):
-        param, why = _epilogue(kernels[id(readers[0])], product, node.numel)
-        plan = readers[0] if param is not None else None
-    else:
-        why = f"{len(readers)} readers of the product" if readers else "nothing reads the product"
-    epilogue = kernels[id(plan)] if plan is not None else None
+    plan, param, store_too = _first_epilogue(readers, sched, kernels, product, node)
+    why = "" if plan is not None else param
+    epilogue = separate = kernels[id(plan)] if plan is not None else None
+    if store_too:
+        epilogue = _with_product_stored(epilogue, param, product, layouts, node)
+        if epilogue is None:
+            return Decision(label, "cuBLAS", "no template: the product's strides are not numbers")
     template = _template(mm, epilogue, param, product, sched, names, layouts)
     if template is None:
         why = "an operand's strides are not numbers, or the epilogue overwrites an operand"
         return Decision(label, "cuBLAS", f"no template: {why}")
-    choice = cost.choose_matmul(template, epilogue, _cublas_cost(mm, ceilings), ceilings, forced)
+    # against cuBLAS, which writes the product itself, and the epilogue's kernel as it is
+    choice = cost.choose_matmul(template, separate, _cublas_cost(mm, ceilings), ceilings, forced)
     # 16-bit operands only: eager's float32 matmul is IEEE float32, where cuBLAS wins
     if timed and not forced and epilogue is not None and mm.a.dtype.itemsize == 2:
         template = dataclasses.replace(template, cublas_candidate=True)
@@ -253,17 +299,28 @@ def _decide(node: Node, label: str, sched, kernels, names, layouts, forced, ceil
         choice = dataclasses.replace(choice, template=True, reason=timing)
     if not choice.template:
         return Decision(label, "cuBLAS", choice.reason + (f" ({why})" if why else ""))
-    _replace(sched, kernels, node, plan, template)
+    _replace(sched, kernels, node, plan, template, store_too)
     fused = "with its epilogue" if plan is not None else "storing the product"
+    fused += ", storing the product too" if store_too else ""
     return Decision(label, "template", f"{fused}: {choice.reason}")
 
 
-def _replace(sched: Schedule, kernels, node: Node, plan: KernelPlan | None, template: MatmulKernel) -> None:
+def _replace(
+    sched: Schedule,
+    kernels,
+    node: Node,
+    plan: KernelPlan | None,
+    template: MatmulKernel,
+    store_too: bool = False,
+) -> None:
     """The matmul's ATen call gives way to the template: in the epilogue's place, or in the
     call's own, storing the product."""
     if plan is None:
         plan = KernelPlan([node], tuple(node.shape), ())
         sched.steps[sched.steps.index(node)] = plan
+    elif store_too:  # the epilogue's kernel also stores the product, into the call's buffer
+        sched.steps.remove(node)
+        plan.roots.append(node)
     else:
         sched.steps.remove(node)
         del sched.stored[node]  # computed inside the kernel: no buffer, the kernel's own node
