@@ -67,6 +67,9 @@ def test_launch_configs_fit_the_shape():
     assert template.launch_config(bias_gelu(8192, 3072, 768), False) == template.LARGE
     assert template.launch_config(bias_gelu(8192, 4096, 4096), False) == template.LARGE
     assert template.launch_config(bias_gelu(1000, 3000, 768), False) == template.SMALL
+    # 64 x 3 tiles of 128 x 256 would leave a second wave of 132 SMs mostly idle
+    assert template.launch_config(bias_gelu(8192, 768, 3072), False) == template.SQUARE
+    assert template.tile(bias_gelu(8192, 768, 3072))[2] > 0.95
     f32 = bias_gelu(8192, 3072, 768, torch.float32)
     assert template.launch_config(f32, False) == (128, 128, 32, 8, 8, 4)  # half the K depth, no spills
     configs = template.candidate_configs(bias_gelu(8192, 3072, 768))
@@ -129,6 +132,15 @@ def test_the_epilogue_of_a_short_matmul_pays_for_the_template():
     )
     assert choice.template and choice.reason.startswith("template with the epilogue fused")
     assert choice.template_s < choice.cublas_s < 1.6 * choice.template_s
+
+
+def test_idle_sms_in_the_last_wave_count_against_the_template():
+    kern = bias_gelu(8192, 768, 3072)
+    epilogue, mm = _epilogue(8192, 768, torch.bfloat16), _cublas(8192, 768, 3072)
+    busy = cost.choose_matmul(kern, epilogue, mm, CEILINGS, False, 0.97)
+    idle = cost.choose_matmul(kern, epilogue, mm, CEILINGS, False, 0.73)
+    assert idle.template_s > busy.template_s * 1.3 and "73% of the SMs busy" in idle.reason
+    assert not idle.template
 
 
 def test_cublas_where_the_template_would_not_pay_or_tile():

@@ -529,14 +529,16 @@ def _without_product(kernel) -> Kernel:
     return Kernel(kernel.name, kernel.outer, (), kernel.params, stages)
 
 
-def matmul_template_cost(kernel, ceilings: Ceilings) -> Cost:
+def matmul_template_cost(kernel, ceilings: Ceilings, wave_share: float = 1.0) -> Cost:
     """One launch of a matmul template: the product at TEMPLATE_MATMUL_EFFICIENCY of the
-    matmul rate, reading each operand once and what the epilogue reads, writing its stores."""
+    matmul rate, times the share of SMs its waves of tiles keep busy (from the backend, 1
+    where not given), reading each operand once and what the epilogue reads, writing its
+    stores."""
     epilogue = kernel_cost(_without_product(kernel), ceilings)
     operands = (kernel.m + kernel.n) * kernel.k * kernel.operand_dtype.itemsize
     must_move = epilogue.must_move + operands
     flops = 2.0 * kernel.m * kernel.n * kernel.k
-    rate = ceilings.matmul_flop_per_s * TEMPLATE_MATMUL_EFFICIENCY
+    rate = ceilings.matmul_flop_per_s * TEMPLATE_MATMUL_EFFICIENCY * wave_share
     memory_s = must_move / ceilings.copy_bytes_per_s
     busy = max(memory_s, flops / rate, epilogue.seconds - ceilings.kernel_launch_s)
     bound = "memory" if memory_s >= flops / rate else "matmul"
@@ -556,9 +558,10 @@ class MatmulChoice:
 
 
 def choose_matmul(template, epilogue: Kernel | None, cublas: Cost, ceilings: Ceilings,
-                  forced: bool) -> MatmulChoice:
+                  forced: bool, wave_share: float = 1.0) -> MatmulChoice:
     """template: the MatmulKernel that fusing would make; epilogue: the kernel it replaces
-    (None: nothing reads the product but as a buffer); cublas: the ATen call's cost.
+    (None: nothing reads the product but as a buffer); cublas: the ATen call's cost;
+    wave_share: the share of SMs the template's waves of tiles keep busy (the backend's).
     The template pays where the epilogue's traffic (the product written, read back, and the
     second launch) outweighs what the template gives up to cuBLAS, on shapes it tiles evenly."""
     if forced:
@@ -573,9 +576,11 @@ def choose_matmul(template, epilogue: Kernel | None, cublas: Cost, ceilings: Cei
                                    "float32 matmul is IEEE float32, which tensor cores do not run)")
     if epilogue is None:
         return MatmulChoice(False, "cuBLAS: no element-wise epilogue reads the product")
-    fused = matmul_template_cost(template, ceilings).seconds
+    fused = matmul_template_cost(template, ceilings, wave_share).seconds
     separate = cublas.seconds + kernel_cost(epilogue, ceilings).seconds
     times = f"template {fused * 1e6:.1f} us, cuBLAS + epilogue kernel {separate * 1e6:.1f} us predicted"
+    if wave_share < 0.9:
+        times += f" (the template's tiles keep {wave_share:.0%} of the SMs busy)"
     if fused < separate:
         return MatmulChoice(True, f"template with the epilogue fused: {times}", fused, separate)
     return MatmulChoice(False, f"cuBLAS: {times}", fused, separate)

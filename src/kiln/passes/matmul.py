@@ -249,11 +249,13 @@ def use_templates(
     forced: bool,
     ceilings,
     timed: bool = False,
+    tile=None,
 ) -> list[Decision]:
     """Fuse qualifying matmuls into their epilogue kernels (in sched.steps and kernels), as
     forced (every qualifying one) or as the cost model chooses; returns the decisions. timed
     (max-autotune): every qualifying matmul with an epilogue becomes a template whose first
-    call times cuBLAS with the epilogue as a kernel of its own against its configurations."""
+    call times cuBLAS with the epilogue as a kernel of its own against its configurations.
+    tile: the backend's (BLOCK_M, BLOCK_N, share of SMs busy) for a MatmulKernel."""
     decisions = []
     for node in [s for s in sched.steps if not isinstance(s, KernelPlan)]:
         if node.op is not Op.EXTERN or node.attrs[0] not in MATMULS:
@@ -262,7 +264,9 @@ def use_templates(
         # this decision replaces the one that the call runs in ATen
         sched.decisions[:] = [d for d in sched.decisions if not (d.verdict == "extern" and d.node == label)]
         try:
-            decisions.append(_decide(node, label, sched, kernels, names, layouts, forced, ceilings, timed))
+            decisions.append(
+                _decide(node, label, sched, kernels, names, layouts, forced, ceilings, timed, tile)
+            )
         except Exception as e:  # a template is an optimization: its failure must not fail the program
             if env_debug():
                 raise
@@ -272,7 +276,9 @@ def use_templates(
     return decisions
 
 
-def _decide(node: Node, label: str, sched, kernels, names, layouts, forced, ceilings, timed) -> Decision:
+def _decide(
+    node: Node, label: str, sched, kernels, names, layouts, forced, ceilings, timed, tile
+) -> Decision:
     """One matmul: a template in the schedule (and its Decision), or cuBLAS and why."""
     mm, why = _as_matmul(node)
     if mm is None:
@@ -291,7 +297,8 @@ def _decide(node: Node, label: str, sched, kernels, names, layouts, forced, ceil
         why = "an operand's strides are not numbers, or the epilogue overwrites an operand"
         return Decision(label, "cuBLAS", f"no template: {why}")
     # against cuBLAS, which writes the product itself, and the epilogue's kernel as it is
-    choice = cost.choose_matmul(template, separate, _cublas_cost(mm, ceilings), ceilings, forced)
+    share = tile(template)[2] if tile is not None else 1.0
+    choice = cost.choose_matmul(template, separate, _cublas_cost(mm, ceilings), ceilings, forced, share)
     # 16-bit operands only: eager's float32 matmul is IEEE float32, where cuBLAS wins
     if timed and not forced and epilogue is not None and mm.a.dtype.itemsize == 2:
         template = dataclasses.replace(template, cublas_candidate=True)

@@ -254,7 +254,8 @@ def _matmul_templates(sched, kernels, names, layouts, backend: Backend, example_
 
     ceilings = (known_ceilings(device) if device.type == "cuda" else None) or NOMINAL_GPU
     forced = backend.matmul_templates is True
-    return use_templates(sched, kernels, names, layouts, forced, ceilings, backend.times_matmuls)
+    timed, tile = backend.times_matmuls, backend.matmul_tile
+    return use_templates(sched, kernels, names, layouts, forced, ceilings, timed, tile)
 
 
 def _launch_roots(sched: Schedule, kernels: dict[int, Kernel]) -> dict[tuple, list[Node]]:

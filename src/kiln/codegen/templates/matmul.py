@@ -24,7 +24,8 @@ CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
 LARGE = (128, 256, 64, 8, 8, 3)
 SQUARE = (128, 128, 64, 8, 8, 4)
 SMALL = (64, 64, 32, 8, 4, 3)
-INTERPRETED = (32, 32, 16, 2, 4, 1)  # few programs: the interpreter costs ~1 ms each
+INTERPRETED = (32, 32, 16, 2, 4, 1)
+SMS = 132  # an H100's or H200's multiprocessors  # few programs: the interpreter costs ~1 ms each
 # (128, 128, 64) over 3 stages leaves room for two programs an SM (shared memory and
 # registers), so that one's epilogue overlaps the other's loop
 CANDIDATES = (
@@ -56,16 +57,31 @@ def _for_operands(config: MatmulConfig, kernel: MatmulKernel) -> MatmulConfig:
     return config
 
 
+def wave_share(config: MatmulConfig, m: int, n: int) -> float:
+    """The share of the last wave's SMs busy, averaged over the waves: programs of these tiles
+    run one an SM at a time (their shared memory), on SMS multiprocessors."""
+    tiles = -(-m // config[0]) * -(-n // config[1])
+    return tiles / (-(-tiles // SMS) * SMS)
+
+
 def launch_config(kernel: MatmulKernel, interpreted: bool) -> MatmulConfig:
+    """Of the tiles that divide the shape, the one that leaves the fewest SMs idle in the last
+    wave (the larger on a tie); small tiles otherwise."""
     if interpreted:
         return INTERPRETED
     if kernel.operand_dtype.itemsize == 4:  # FMAs, not wgmma: a 128 x 256 tile would spill
         return _for_operands(SQUARE, kernel)
-    for config in (LARGE, SQUARE):
-        bm, bn = config[:2]
-        if kernel.m % bm == 0 and kernel.n % bn == 0:
-            return config
-    return SMALL
+    even = [c for c in (LARGE, SQUARE) if kernel.m % c[0] == 0 and kernel.n % c[1] == 0]
+    if not even:
+        return SMALL
+    return max(even, key=lambda c: wave_share(c, kernel.m, kernel.n))
+
+
+def tile(kernel: MatmulKernel) -> tuple[int, int, float]:
+    """(BLOCK_M, BLOCK_N, share of the SMs busy) of the heuristic's configuration: what the
+    cost model (passes/cost.py) predicts the template's time from."""
+    config = launch_config(kernel, False)
+    return config[0], config[1], wave_share(config, kernel.m, kernel.n)
 
 
 def candidate_configs(kernel: MatmulKernel) -> list[MatmulConfig]:
