@@ -51,6 +51,6 @@ def with_specials(x: torch.Tensor, seed: int = 0) -> torch.Tensor:
     pos = torch.randperm(flat.numel(), generator=g)
     k = max(1, flat.numel() // 16)
     flat[pos[:k]] = float("nan")
-    flat[pos[k : 2 * k]] = float("inf")
-    flat[pos[2 * k : 3 * k]] = float("-inf")
+    flat[pos[k:2 * k]] = float("inf")
+    flat[pos[2 * k:3 * k]] = float("-inf")
     return x

@@ -17,10 +17,8 @@ import kiln
 from kiln.runtime.artifact import ArtifactError
 from kiln.tools.demo import Block
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("KILN_TARGET") == "triton",
-    reason="artifacts hold C++ kernels: nothing for the Triton pass to check",
-)
+pytestmark = pytest.mark.skipif(os.environ.get("KILN_TARGET") == "triton",
+                                reason="artifacts hold C++ kernels: nothing for the Triton pass to check")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +40,7 @@ def test_a_fresh_process_without_a_compiler_runs_the_artifact(demo_artifact, tmp
     os.symlink(sys.executable, bin_dir / "python")
     script = textwrap.dedent(f"""
         import sys, torch, kiln
-        io = torch.load({str(tmp_path / "io.pt")!r})
+        io = torch.load({str(tmp_path / 'io.pt')!r})
         out = kiln.load({str(path)!r})(io["x"])
         torch.testing.assert_close(out, io["expected"], rtol=1e-5, atol=1e-5)
         loaded = [m for m in sys.modules if m.startswith(("torch._dynamo", "torch._inductor", "triton"))]
@@ -50,16 +48,10 @@ def test_a_fresh_process_without_a_compiler_runs_the_artifact(demo_artifact, tmp
         print("ok")
     """)
     src = os.path.join(os.path.dirname(kiln.__file__), "..")
-    env = {
-        "PATH": str(bin_dir),
-        "PYTHONPATH": os.path.abspath(src),
-        "CXX": "/nonexistent",
-        "KILN_CACHE_DIR": str(tmp_path / "empty-cache"),
-        "HOME": str(tmp_path),
-    }
-    result = subprocess.run(
-        [str(bin_dir / "python"), "-c", script], env=env, capture_output=True, text=True, timeout=300
-    )
+    env = {"PATH": str(bin_dir), "PYTHONPATH": os.path.abspath(src), "CXX": "/nonexistent",
+           "KILN_CACHE_DIR": str(tmp_path / "empty-cache"), "HOME": str(tmp_path)}
+    result = subprocess.run([str(bin_dir / "python"), "-c", script], env=env, capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
     assert not (tmp_path / "empty-cache").exists()  # nothing compiled, nothing cached
 
@@ -84,18 +76,14 @@ def test_a_non_contiguous_input_gives_the_same_result(demo_artifact):
         torch.testing.assert_close(run(y), model(y), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "args,error,message",
-    [
-        ((), TypeError, "takes 1 inputs, got 0"),
-        ((torch.randn(2, 16, 256).double(),), TypeError, "dtype torch.float64"),
-        ((torch.randn(2, 16),), ValueError, "2 dimensions"),
-        ((torch.randn(2, 17, 256),), ValueError, "shape [2, 17, 256]"),
-        ((torch.randn(2, 16, 256, device="meta"),), ValueError, "is on meta"),
-        ((3.0,), TypeError, "must be a tensor"),
-    ],
-    ids=["count", "dtype", "rank", "size", "device", "not-a-tensor"],
-)
+@pytest.mark.parametrize("args,error,message", [
+    ((), TypeError, "takes 1 inputs, got 0"),
+    ((torch.randn(2, 16, 256).double(),), TypeError, "dtype torch.float64"),
+    ((torch.randn(2, 16),), ValueError, "2 dimensions"),
+    ((torch.randn(2, 17, 256),), ValueError, "shape [2, 17, 256]"),
+    ((torch.randn(2, 16, 256, device="meta"),), ValueError, "is on meta"),
+    ((3.0,), TypeError, "must be a tensor"),
+], ids=["count", "dtype", "rank", "size", "device", "not-a-tensor"])
 def test_a_call_that_does_not_match_names_the_argument(demo_artifact, args, error, message):
     run = kiln.load(demo_artifact[2])
     with pytest.raises(error, match="input|inputs") as info:

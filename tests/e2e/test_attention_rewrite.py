@@ -57,7 +57,6 @@ def test_a_boolean_mask_from_an_input_is_fused_and_a_fully_masked_row_stays_nan(
 
 def test_unscaled_attention_keeps_scale_one():
     """No scale written means scale 1, not SDPA's default 1/sqrt(d), in both rewrites."""
-
     def f(q, k, v):
         return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
 
@@ -113,10 +112,8 @@ def _train_and_compare(fn, *args):
 
 def _saves_probabilities(report, q_shape) -> bool:
     t = q_shape[-2]
-    return any(
-        shape.endswith(f"{t}, {t}]") and f"[{q_shape[0]}, {q_shape[1]}" in shape
-        for _, shape in report.partition.saved
-    )
+    return any(shape.endswith(f"{t}, {t}]") and f"[{q_shape[0]}, {q_shape[1]}" in shape
+               for _, shape in report.partition.saved)
 
 
 def test_training_attention_saves_no_probabilities():

@@ -47,23 +47,12 @@ print(json.dumps({"compiled": bool(REPORTS), "hits": REPORTS[-1].cache_hits if R
 
 
 def run_child(cache_dir, seed: int = 0, wrap: list[str] | None = None, wait: bool = True, **env):
-    full_env = {
-        **os.environ,
-        "PYTHONPATH": SRC,
-        "KILN_CACHE_DIR": str(cache_dir),
-        "KILN_TARGET": "cpp",
-        **env,
-    }
+    full_env = {**os.environ, "PYTHONPATH": SRC, "KILN_CACHE_DIR": str(cache_dir), "KILN_TARGET": "cpp",
+                **env}
     cmd = [*(wrap or []), sys.executable, "-c", CHILD, str(seed)]
     if not wait:  # in a session of its own, so that killing it reaches its compiler too
-        return subprocess.Popen(
-            cmd,
-            env=full_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
     return _summary(subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300))
 
 
@@ -99,11 +88,8 @@ def cache_copy(built_cache, tmp_path):
 
 def graph_units(root: Path) -> list[Path]:
     """The libraries of the graph's kernels (not the cost model's probes, runtime/ceilings.py)."""
-    return [
-        lib
-        for lib in (root / "cpp").glob("unit_*.so")
-        if "kiln_probe_" not in lib.with_suffix(".cpp").read_text()
-    ]
+    return [lib for lib in (root / "cpp").glob("unit_*.so")
+            if "kiln_probe_" not in lib.with_suffix(".cpp").read_text()]
 
 
 def unit_library(root: Path) -> Path:
@@ -206,9 +192,8 @@ def _read_only(directory: Path) -> list[str]:
         return []
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
         pytest.skip("running as root without user namespaces: no way to make a read-only directory")
-    script = (
-        f'mount --bind "{directory}" "{directory}" && mount -o remount,bind,ro "{directory}" && exec "$@"'
-    )
+    script = (f'mount --bind "{directory}" "{directory}" && '
+              f'mount -o remount,bind,ro "{directory}" && exec "$@"')
     return ["unshare", "-rm", "sh", "-c", script, "sh"]
 
 

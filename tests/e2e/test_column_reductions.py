@@ -10,15 +10,8 @@ from conftest import check
 def test_column_reductions_with_following_stages(dtype):
     def f(x):
         centered = x - x.mean(0)
-        return (
-            x.sum(0),
-            x.amax(0),
-            x.argmin(0),
-            centered.pow(2).mean(0),
-            torch.softmax(x, 0),
-            x.var(0, correction=1),
-            (x > 0).any(0),
-        )
+        return (x.sum(0), x.amax(0), x.argmin(0), centered.pow(2).mean(0), torch.softmax(x, 0),
+                x.var(0, correction=1), (x > 0).any(0))
 
     x = torch.randn(37, 150, dtype=dtype)
     x[3, 7] = float("nan")

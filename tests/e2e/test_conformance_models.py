@@ -105,9 +105,8 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     def __init__(self, classes=10):
         super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(3, 2, 1)
-        )
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
         self.layers = nn.Sequential(BasicBlock(16, 16, 1), BasicBlock(16, 32, 2))
         self.fc = nn.Linear(32, classes)
 
@@ -166,16 +165,9 @@ def _hf(name: str):
 
 
 def bert():
-    cfg = _hf("BertConfig")(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        vocab_size=128,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
+    cfg = _hf("BertConfig")(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                            vocab_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
     ids = _ids()
     return _hf("BertForMaskedLM")(cfg), dict(input_ids=ids, labels=ids)
 

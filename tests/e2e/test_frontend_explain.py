@@ -122,9 +122,8 @@ def test_explain_measures_kernels_and_the_break_even():
 def test_explain_of_gpt2_shows_the_roofline_and_the_break_even():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64, use_cache=False
-    )
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+                                     use_cache=False)
     model = transformers.GPT2Model(config).eval()
     ids = torch.randint(0, 128, (2, 32))
     with torch.no_grad():

@@ -42,9 +42,8 @@ def plant_lowering(monkeypatch):
 def plant_backend_field(field):
     def plant(monkeypatch):
         get_backend = backend.get_backend
-        monkeypatch.setattr(
-            backend, "get_backend", lambda *a: dataclasses.replace(get_backend(*a), **{field: boom})
-        )
+        monkeypatch.setattr(backend, "get_backend",
+                            lambda *a: dataclasses.replace(get_backend(*a), **{field: boom}))
 
     return plant
 
@@ -94,11 +93,8 @@ PLANTS = {
 
 def kiln_warnings(caplog) -> list[str]:
     """Warnings of kiln's loggers ("kiln" and its topics, e.g. "kiln.fallbacks")."""
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.name.split(".")[0] == "kiln" and r.levelno >= logging.WARNING
-    ]
+    return [r.getMessage() for r in caplog.records
+            if r.name.split(".")[0] == "kiln" and r.levelno >= logging.WARNING]
 
 
 @pytest.mark.parametrize("name", PLANTS)
@@ -131,7 +127,6 @@ def test_planted_failure_raises_under_kiln_debug(name, monkeypatch):
 def test_a_shape_function_that_disagrees_with_its_kernel_is_upstream(monkeypatch, caplog):
     """An ATen result whose rank differs from what PyTorch's shape function said (linalg
     vector norms over size-1 dims on torch 2.11) is PyTorch's bug: the graph runs in ATen."""
-
     def mismatch(args):
         raise errors.MetaMismatch("an ATen op returned a 0-d result")
 

@@ -31,11 +31,8 @@ def test_float_argument_with_dynamic_true_one_program_for_every_value(entry):
     def f(x, s):
         return x * s
 
-    compiled = (
-        kiln.compile(f, dynamic=True)
-        if entry == "kiln.compile"
-        else torch.compile(f, backend="kiln", dynamic=True)
-    )
+    compiled = (kiln.compile(f, dynamic=True) if entry == "kiln.compile"
+                else torch.compile(f, backend="kiln", dynamic=True))
     x = randn(4, 5)
     before = len(REPORTS)
     for s in (2.5, -0.3, 1e-7, 3.0):
@@ -101,12 +98,8 @@ def test_layer_norm_with_another_shape_and_eps():
         return F.layer_norm(x, shape, eps=eps)
 
     compiled = kiln.compile(f)
-    for x, eps in (
-        (randn(3, 8), 1e-5),
-        (randn(2, 6, seed=1), 0.5),
-        (randn(4, 10, seed=2), 0.25),
-        (randn(2, 6, seed=3), 2.0),
-    ):
+    for x, eps in ((randn(3, 8), 1e-5), (randn(2, 6, seed=1), 0.5), (randn(4, 10, seed=2), 0.25),
+                   (randn(2, 6, seed=3), 2.0)):
         assert_same(compiled(x, x.shape[-1:], eps), f(x, x.shape[-1:], eps))
 
 
@@ -124,7 +117,6 @@ def test_batch_norm_update_with_a_momentum_that_changes():
     """_batch_norm_with_update's decomposition needs the momentum's value while tracing; the
     dispatcher hands that failure over as a RuntimeError, which must still mean "compile
     for each value", not "kiln failed"."""
-
     def f(x, w, b, mean, var, momentum, eps):
         return torch.ops.aten._batch_norm_with_update(x, w, b, mean, var, momentum, eps)
 
@@ -140,16 +132,9 @@ def test_batch_norm_update_with_a_momentum_that_changes():
     assert not [r for r in list(errors.FALLBACKS)[records:] if r.kind == "internal"]
 
 
-OPINFO_OPS = [
-    "nn.functional.layer_norm",
-    "nn.functional.rms_norm",
-    "nn.functional.batch_norm",
-    "nn.functional.instance_norm",
-    "nn.functional.normalize",
-    "nn.functional.threshold",
-    "full",
-    "full_like",
-]
+OPINFO_OPS = ["nn.functional.layer_norm", "nn.functional.rms_norm", "nn.functional.batch_norm",
+              "nn.functional.instance_norm", "nn.functional.normalize", "nn.functional.threshold",
+              "full", "full_like"]
 
 
 @pytest.mark.parametrize("name", OPINFO_OPS)
@@ -170,15 +155,9 @@ def test_opinfo_samples_through_one_compiled_function(name):
 def test_transformers_generate_with_a_compiled_dynamic_forward():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                      max_position_embeddings=64)
     model = transformers.LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 64, (1, 5))
     with torch.no_grad():

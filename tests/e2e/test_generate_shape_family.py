@@ -9,22 +9,15 @@ import torch
 import kiln
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(
-    os.environ.get("KILN_TARGET") == "triton", reason="the Triton renderer compiles shape families per shape"
-)
+pytestmark = pytest.mark.skipif(os.environ.get("KILN_TARGET") == "triton",
+                                reason="the Triton renderer compiles shape families per shape")
 
 
 def tiny_llama():
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64)
     return transformers.LlamaForCausalLM(config).eval()
 
 

@@ -80,20 +80,10 @@ print(json.dumps({"graphs": len(REPORTS), "from_cache": [r.from_cache for r in R
 
 
 def run_child(cache_dir: Path, kind: str, seed: int, **env) -> dict:
-    full_env = {
-        **os.environ,
-        "PYTHONPATH": SRC,
-        "KILN_CACHE_DIR": str(cache_dir),
-        "KILN_TARGET": "cpp",
-        **env,
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, kind, str(seed)],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    full_env = {**os.environ, "PYTHONPATH": SRC, "KILN_CACHE_DIR": str(cache_dir), "KILN_TARGET": "cpp",
+                **env}
+    proc = subprocess.run([sys.executable, "-c", CHILD, kind, str(seed)], env=full_env, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -104,10 +94,8 @@ def compiler_spy(tmp_path):
     other call, failing it: a warm run must not compile."""
     calls = tmp_path / "compiler_calls"
     script = tmp_path / "spy-g++"
-    script.write_text(
-        f'#!/bin/sh\nif [ "$1" = "--version" ]; then exec {shutil.which("g++")} --version; fi\n'
-        f'echo "$@" >> {calls}\nexit 1\n'
-    )
+    script.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then exec {shutil.which("g++")} --version; fi\n'
+                      f'echo "$@" >> {calls}\nexit 1\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return script, calls
 
@@ -264,9 +252,8 @@ def test_program_that_does_not_serialize_runs_uncached(tmp_path, monkeypatch):
 def test_constant_tensors_enter_the_text_by_value():
     def text_with(values: torch.Tensor) -> list[str]:
         graph = torch.fx.Graph()
-        graph.output(
-            graph.call_function(torch.ops.aten.add.Tensor, (graph.placeholder("t"), graph.get_attr("weight")))
-        )
+        graph.output(graph.call_function(torch.ops.aten.add.Tensor,
+                                         (graph.placeholder("t"), graph.get_attr("weight"))))
         module = torch.nn.Module()
         module.register_buffer("weight", values)
         return graph_cache.graph_lines(torch.fx.GraphModule(module, graph))

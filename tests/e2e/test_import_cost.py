@@ -14,10 +14,8 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def test_import_kiln_does_not_import_dynamo():
-    code = (
-        "import sys, kiln; bad = [m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules]; "
-        "assert not bad, bad"
-    )
+    code = ("import sys, kiln; bad = [m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules]; "
+            "assert not bad, bad")
     env = {**os.environ, "PYTHONPATH": SRC}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
 

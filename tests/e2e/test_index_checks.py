@@ -30,18 +30,10 @@ CASES = {
     "getitem_dim1": (lambda x, i: x[:, i] * 2, (3, 10), [1, -3], [10, -11]),
     "embedding": (lambda w, i: F.embedding(i, w) * 2, (10, 4), [1, 3], [12, -1, 2**40]),
     "setitem": (_setitem, (10, 4), [1, -3], [10, -11]),
-    "scatter": (
-        lambda x, i: torch.scatter(x, 1, i[-1:].view(1, 1).expand(10, 1), 1.0) * 2,
-        (10, 2),
-        [1, 0],
-        [2, -1],
-    ),
-    "scatter_src": (
-        lambda x, i: torch.scatter(x, 0, i.view(1, -1), torch.ones(1, 2)) * 2,
-        (10, 2),
-        [1, 3],
-        [12, -1],
-    ),
+    "scatter": (lambda x, i: torch.scatter(x, 1, i[-1:].view(1, 1).expand(10, 1), 1.0) * 2, (10, 2), [1, 0],
+                [2, -1]),
+    "scatter_src": (lambda x, i: torch.scatter(x, 0, i.view(1, -1), torch.ones(1, 2)) * 2, (10, 2), [1, 3],
+                    [12, -1]),
     "scatter_add": (_scatter_add, (10, 2), [1, 3], [12, -1]),
     # its decomposition gathers the targets; -100 is ignored
     "cross_entropy": (lambda x, t: F.cross_entropy(x, t) * 2, (2, 10), [1, -100], [10, -1]),
@@ -76,7 +68,6 @@ def test_out_of_range_raises_as_eager(name):
 
 def test_take_along_dim_matches_eager_out_of_range():
     """eager's take_along_dim reads indices modulo the size instead of raising."""
-
     def f(x, i):
         return torch.take_along_dim(x, i, 0) * 2
 
@@ -89,7 +80,6 @@ def test_take_along_dim_matches_eager_out_of_range():
 def test_padded_gather_checks_only_real_points():
     """Points of the padding, and a Triton tile's lanes past the end, read no index: an index
     computed there (0 - 1) is no error."""
-
     def f(x, i):
         rows = torch.index_select(x, 0, i - 1)
         return F.pad(rows, (0, 0, 2, 1), value=0.5), rows * 2
@@ -131,7 +121,6 @@ def test_checks_only_where_indices_come_from_data():
 def test_gather_along_split_rows():
     """Rows of 301 gathered values, off 16-byte boundaries: Triton splits each row into an
     aligned body and an edge, whose gathered positions are the edge's own."""
-
     def f(x, i):
         return torch.index_select(x, 1, i).softmax(-1)
 
@@ -163,15 +152,11 @@ def test_first_call_out_of_range_is_the_users_error():
 def test_take_of_a_zero_dim_index_stays_in_the_graph():
     """PyTorch's decomposition of take indexes with the index itself: a 0-d index became a
     number read on the host (.item()), and the graph ran without kiln."""
-
     def f(x, i):
         return torch.take(x, i) * 2
 
-    for x, i in (
-        (randn(1).view(()), torch.tensor(0)),
-        (randn(3, 4), torch.tensor(-5)),
-        (randn(3, 4), torch.tensor([[1, -2]])),
-    ):
+    for x, i in ((randn(1).view(()), torch.tensor(0)), (randn(3, 4), torch.tensor(-5)),
+                 (randn(3, 4), torch.tensor([[1, -2]]))):
         torch._dynamo.reset()
         before = len(REPORTS)
         assert_same(kiln.compile(f)(x, i), f(x, i))

@@ -97,7 +97,6 @@ def test_logits_read_elsewhere_are_computed_whole(chunk_small_logits):
 
 def test_small_logits_are_not_chunked():
     w = torch.randn(64, 32)
-    _, report = run_compiled(
-        lambda x, t: F.cross_entropy(x @ w.t(), t), torch.randn(49, 32), torch.randint(0, 64, (49,))
-    )
+    _, report = run_compiled(lambda x, t: F.cross_entropy(x @ w.t(), t), torch.randn(49, 32),
+                             torch.randint(0, 64, (49,)))
     assert not _chunked(report)

@@ -45,6 +45,7 @@ def test_concurrent_calls_from_threads_match_eager():
             torch.testing.assert_close(out, expected)
 
 
+
 def test_a_value_returned_twice_is_not_copied_but_a_clone_is():
     def f(x):
         y = torch.softmax(x, -1)

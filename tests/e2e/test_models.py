@@ -157,14 +157,8 @@ def test_gpt2(dtype):
 def test_llama(dtype):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=128,
-    )
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
     model = transformers.LlamaForCausalLM(config).to(dtype).eval()
     ids = torch.randint(0, 128, (2, 16))
     with torch.no_grad():

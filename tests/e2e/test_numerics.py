@@ -15,7 +15,6 @@ INTERPRETED = os.environ.get("KILN_TARGET") == "triton"
 def test_a_product_minus_its_own_mean_over_one_element_is_zero():
     """No multiply-add contraction: a*b - mean(a*b) over rows of one is exactly 0, not the
     product's rounding error."""
-
     def f(a, b):
         v = a * b
         return v - v.mean(-1, keepdim=True)
@@ -28,7 +27,6 @@ def test_a_product_minus_its_own_mean_over_one_element_is_zero():
 def test_layer_norm_over_one_element_with_a_tiny_eps_is_its_bias():
     """x - mean is exactly 0 over a size-1 dim, so the result is the bias, even though
     eps=1e-12 magnifies any rounding error by 1e6."""
-
     def f(a, b, w, c):
         return F.layer_norm(a * b, (1,), w, c, eps=1e-12)
 
@@ -44,7 +42,6 @@ def _relative_error(value: torch.Tensor, exact: torch.Tensor) -> float:
 def test_long_column_sums_mean_and_var_are_summed_in_blocks():
     """A sum over hundreds of thousands of rows is as close to the exact value as eager's (blocks of
     partial sums), not a running sum's error that grows with the length."""
-
     def f(x):
         return x.sum(0), x.mean(0), x.var(0), x.view(-1).sum()
 
@@ -78,27 +75,15 @@ def _ints(dtype: torch.dtype, n: int = 64) -> torch.Tensor:
 @pytest.mark.parametrize("alpha", [-1, 0, 2, True, False])
 def test_bool_add_with_alpha_converts_alpha_to_bool_first(alpha):
     """Eager computes a + bool(alpha) * b on bool tensors: alpha=-1 is True, not a subtraction."""
-    check(
-        lambda a, b: (torch.add(a, b, alpha=alpha), torch.add(a, a, alpha=alpha)),
-        _ints(torch.bool),
-        _ints(torch.bool),
-        expect_native=True,
-    )
+    check(lambda a, b: (torch.add(a, b, alpha=alpha), torch.add(a, a, alpha=alpha)), _ints(torch.bool),
+          _ints(torch.bool), expect_native=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
 def test_integer_alpha_and_value_scalars_wrap_as_in_eager(dtype):
     def f(a, b, c, m):
-        return (
-            torch.add(a, b, alpha=3),
-            torch.sub(a, b, alpha=-7),
-            torch.rsub(a, b, alpha=2),
-            torch.addcmul(a, b, c, value=3),
-            a * -1,
-            a - 3,
-            torch.add(a, m, alpha=-1),
-            m + 2,
-        )
+        return (torch.add(a, b, alpha=3), torch.sub(a, b, alpha=-7), torch.rsub(a, b, alpha=2),
+                torch.addcmul(a, b, c, value=3), a * -1, a - 3, torch.add(a, m, alpha=-1), m + 2)
 
     check(f, _ints(dtype), _ints(dtype), _ints(dtype), _ints(torch.bool), expect_native=True)
 
@@ -106,13 +91,8 @@ def test_integer_alpha_and_value_scalars_wrap_as_in_eager(dtype):
 @pytest.mark.parametrize("value", [0.5, 2.7, -1.5])
 def test_integer_addcmul_with_a_float_value_compiles_and_truncates_it(value):
     """Eager converts value to the integer type (0.5 -> 0); PyTorch's decomposition raises."""
-    check(
-        lambda a, b, c: torch.addcmul(a, b, c, value=value) * 2,
-        _ints(torch.int64),
-        _ints(torch.int64),
-        _ints(torch.int64),
-        expect_native=True,
-    )
+    check(lambda a, b, c: torch.addcmul(a, b, c, value=value) * 2, _ints(torch.int64), _ints(torch.int64),
+          _ints(torch.int64), expect_native=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -120,7 +100,6 @@ def test_integer_addcmul_with_a_float_value_compiles_and_truncates_it(value):
 def test_a_low_precision_sum_or_product_is_rounded_before_it_is_read(kind, dtype):
     """prod(bf16).float(): eager rounds the product to bf16 before the cast. Rows are short
     enough that float32 sums and products of them are exact, so the results are equal."""
-
     def f(x, y):
         r = x.prod(-1) if kind == "prod" else x.sum(-1)
         return r.float() * 3 + y
@@ -134,7 +113,6 @@ def test_a_low_precision_sum_or_product_is_rounded_before_it_is_read(kind, dtype
 def test_a_value_compared_with_its_own_maximum_has_a_winner_in_every_row(n):
     """erf(x) == amax(erf(x)): the value is computed once and read by both, so each row has a
     winner (a vector loop and a scalar tail may round a library function differently)."""
-
     def f(x):
         v = torch.erf(x * 0.5)
         return v == v.amax(-1, keepdim=True)

@@ -29,7 +29,6 @@ SRC = str(Path(kiln.__file__).parents[1])
 
 def _sqrt_for_rsqrt(kern: K.Kernel) -> K.Kernel:
     """The kernel computing sqrt where its IR says rsqrt."""
-
     def swap(s):
         return dataclasses.replace(s, fn="sqrt") if isinstance(s, K.Compute) and s.fn == "rsqrt" else s
 
@@ -47,7 +46,6 @@ PLANTS = {
 @pytest.fixture
 def planted(monkeypatch):
     """plant(where): kernels the predicate picks render sqrt for rsqrt (the IR stays right)."""
-
     def plant(where: str) -> None:
         picks = PLANTS[where]
         real = backends.get_backend
@@ -140,7 +138,7 @@ def test_a_transformer_block_passes_forward_and_training_step(caplog):
     with caplog.at_level(logging.WARNING, logger="kiln"):
         out, reports = _checked_run(block, x)
         out.square().mean().backward()
-    reports = REPORTS[len(REPORTS) - len(reports) - 1 :]  # with the backward's
+    reports = REPORTS[len(REPORTS) - len(reports) - 1:]  # with the backward's
     results = [r.numerics for r in reports if r.numerics is not None]
     assert len(results) == 2, "the forward and the backward are both checked"
     for result in results:
@@ -207,13 +205,8 @@ def test_the_command_line_exits_1_on_a_kernel_over_tolerance(tmp_path, monkeypat
     script.write_text(textwrap.dedent(_SCRIPT))
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("KILN_CHECK", None)
-    planted_run = subprocess.run(
-        [sys.executable, "-m", "kiln", "check", str(script), "planted"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    planted_run = subprocess.run([sys.executable, "-m", "kiln", "check", str(script), "planted"],
+                                 env=env, capture_output=True, text=True, timeout=300)
     assert planted_run.returncode == 1, planted_run.stderr[-3000:]
     assert "over tolerance" in planted_run.stderr and "model.py" in planted_run.stderr
     # the clean script, in this process (the command restores nothing it sets: the test does)

@@ -35,6 +35,7 @@ def test_rows_of_equal_values_centre_to_exactly_zero(name, width):
     assert torch.equal(out, expected), (out - expected).abs().max()
 
 
+
 def _random_signs(n: int) -> torch.Tensor:
     return torch.where(torch.rand(n) < 0.5, -1.0, 1.0)
 
@@ -52,44 +53,30 @@ SIGNED_ZEROS = {
     "trunc": (torch.trunc, [lambda n: (torch.rand(n) * 0.99 + 0.01) * _random_signs(n)]),
     "ceil": (torch.ceil, [lambda n: -(torch.rand(n) * 0.99 + 0.01)]),
     "remainder_self": (lambda x: torch.remainder(x, x), [lambda n: (torch.rand(n) + 0.5) * _random_signs(n)]),
-    "remainder": (
-        torch.remainder,
-        [lambda n: torch.randint(1, 4, (n,)) * 2.0 * _random_signs(n), lambda n: 2.0 * _random_signs(n)],
-    ),
-    "fmod": (
-        torch.fmod,
-        [lambda n: torch.randint(1, 4, (n,)) * 2.0 * _random_signs(n), lambda n: 2.0 * _random_signs(n)],
-    ),
-    "floor_divide": (
-        torch.floor_divide,
-        [_zeros_of_both_signs, lambda n: (torch.rand(n) + 0.5) * _random_signs(n)],
-    ),
+    "remainder": (torch.remainder, [lambda n: torch.randint(1, 4, (n,)) * 2.0 * _random_signs(n),
+                                    lambda n: 2.0 * _random_signs(n)]),
+    "fmod": (torch.fmod, [lambda n: torch.randint(1, 4, (n,)) * 2.0 * _random_signs(n),
+                          lambda n: 2.0 * _random_signs(n)]),
+    "floor_divide": (torch.floor_divide,
+                     [_zeros_of_both_signs, lambda n: (torch.rand(n) + 0.5) * _random_signs(n)]),
     "neg": (torch.neg, [_zeros_of_both_signs]),
     # frac(-0.0) and frac(-3.0) are 0.0 (not -0.0, as floor(|x|) * sign(x) would give)
     "frac": (torch.frac, [lambda n: torch.randint(-3, 3, (n,)) * 1.0 * _random_signs(n)]),
-    "copysign_int": (
-        lambda x: torch.copysign(x, -0.0),
-        [lambda n: torch.randint(-9, 9, (n,), dtype=torch.int32)],
-    ),
+    "copysign_int": (lambda x: torch.copysign(x, -0.0),
+                     [lambda n: torch.randint(-9, 9, (n,), dtype=torch.int32)]),
     "copysign": (lambda x: torch.copysign(x, -0.0), [lambda n: torch.randn(n)]),
-    "copysign_ints": (
-        torch.copysign,
-        [lambda n: torch.randint(-2, 3, (n,)), lambda n: torch.randint(-9, 9, (n,), dtype=torch.int32)],
-    ),
+    "copysign_ints": (torch.copysign, [lambda n: torch.randint(-2, 3, (n,)),
+                                       lambda n: torch.randint(-9, 9, (n,), dtype=torch.int32)]),
     "mul_negative_zero": (lambda x: x * -0.0, [lambda n: torch.randn(n)]),
     "where_negative_zero": (lambda x: torch.where(x > 0, x, -0.0), [lambda n: torch.randn(n)]),
     "masked_fill": (lambda x: x.masked_fill(x < 0, -0.0), [lambda n: torch.randn(n)]),
     "relu": (torch.relu, [_zeros_of_both_signs]),
     "clamp_ties": (lambda x: torch.clamp(x, min=-0.0, max=0.0), [_zeros_of_both_signs]),
     # an integer has no -0: the small negative fractions become 0, and 0 / negative is -0.0
-    "through_int": (
-        lambda x: torch.div(torch.frac(x).to(torch.int64), x, rounding_mode="trunc"),
-        [lambda n: -(torch.rand(n) + 1.1)],
-    ),
-    "through_int_float": (
-        lambda x: torch.frac(x).to(torch.int32).to(torch.float32) * -1.0,
-        [lambda n: -(torch.rand(n) + 1.1)],
-    ),
+    "through_int": (lambda x: torch.div(torch.frac(x).to(torch.int64), x, rounding_mode="trunc"),
+                    [lambda n: -(torch.rand(n) + 1.1)]),
+    "through_int_float": (lambda x: torch.frac(x).to(torch.int32).to(torch.float32) * -1.0,
+                          [lambda n: -(torch.rand(n) + 1.1)]),
 }
 
 
@@ -108,7 +95,6 @@ def test_zeros_keep_eager_sign(name, n):
 def test_a_training_graph_keeps_distinct_signed_zero_fills():
     """masked_fill(-0.0) and masked_fill(0.0) decompose to scalar_tensor(-0.0) and (0.0): the
     training split must not merge them into one constant."""
-
     def f(x, first, second):
         return x.masked_fill(first, -0.0).masked_fill(second, 0.0) * 2.0
 

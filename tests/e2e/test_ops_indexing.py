@@ -53,17 +53,8 @@ def test_gather(dtype, dim):
 
 def test_advanced_indexing():
     def f(x, i, j):
-        return (
-            x[i],
-            x[:, i],
-            x[i, j],
-            x[:, :, j],
-            x[i.view(2, 2)],
-            x[i, :, j],
-            x[-1, i],
-            x[:, i].sum(-1),
-            x[1:, i],
-        )
+        return (x[i], x[:, i], x[i, j], x[:, :, j], x[i.view(2, 2)], x[i, :, j], x[-1, i],
+                x[:, i].sum(-1), x[1:, i])
 
     x = randn(6, 7, 8)
     i = randint(0, 6, 4)
@@ -90,14 +81,8 @@ def test_boolean_mask_indexing_falls_back():
 @pytest.mark.parametrize("dtype", FLOATS + [torch.int64])
 def test_cat(dtype):
     def f(a, b, c):
-        return (
-            torch.cat([a, b], 0),
-            torch.cat([a, c], 1),
-            torch.cat([a, a, b], 0),
-            torch.cat([c, a], -1),
-            torch.cat([a.t(), c.t()], 0),
-            torch.cat([a], 0) + 1,
-        )
+        return (torch.cat([a, b], 0), torch.cat([a, c], 1), torch.cat([a, a, b], 0), torch.cat([c, a], -1),
+                torch.cat([a.t(), c.t()], 0), torch.cat([a], 0) + 1)
 
     def rnd(*shape, seed):
         if dtype.is_floating_point:
@@ -111,14 +96,8 @@ def test_cat_mixed_dtypes_and_empty():
     def f(a, b, e, i):
         return torch.cat([a, b]), torch.cat([a, e]), torch.cat([i, a]), torch.cat([e, a], 0) * 2
 
-    check(
-        f,
-        randn(3, 4),
-        randn(2, 4, dtype=torch.bfloat16),
-        torch.empty(0, 4),
-        randint(0, 5, 1, 4),
-        expect_native=True,
-    )
+    check(f, randn(3, 4), randn(2, 4, dtype=torch.bfloat16), torch.empty(0, 4), randint(0, 5, 1, 4),
+          expect_native=True)
 
 
 def test_cat_3d_middle_dim():
@@ -147,23 +126,12 @@ def test_pad_int_and_strided():
 # ----------------------------------------------------------------------------- creation
 def test_full_arange_like():
     def f(x):
-        return (
-            torch.full((3, 4), 2.5),
-            torch.full((2,), 7, dtype=torch.int64),
-            torch.zeros_like(x),
-            torch.ones_like(x, dtype=torch.bfloat16),
-            torch.full_like(x, -3.0),
-            torch.arange(10),
-            torch.arange(2, 20, 3),
-            torch.arange(5, dtype=torch.float32) * x[0, 0],
-            torch.arange(0.0, 1.0, 0.125),
-            torch.arange(-1.5, 2.0, 0.5, dtype=torch.float64),
-            torch.arange(10, 0, -2),
-            x + torch.arange(4),
-            torch.zeros(2, 3, dtype=torch.bool),
-            torch.empty(0, 3).sum(0),
-            torch.ones(4) + x,
-        )
+        return (torch.full((3, 4), 2.5), torch.full((2,), 7, dtype=torch.int64), torch.zeros_like(x),
+                torch.ones_like(x, dtype=torch.bfloat16), torch.full_like(x, -3.0), torch.arange(10),
+                torch.arange(2, 20, 3), torch.arange(5, dtype=torch.float32) * x[0, 0],
+                torch.arange(0.0, 1.0, 0.125), torch.arange(-1.5, 2.0, 0.5, dtype=torch.float64),
+                torch.arange(10, 0, -2), x + torch.arange(4), torch.zeros(2, 3, dtype=torch.bool),
+                torch.empty(0, 3).sum(0), torch.ones(4) + x)
 
     check(f, randn(3, 4), expect_native=True)
 

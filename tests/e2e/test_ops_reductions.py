@@ -82,15 +82,9 @@ def test_var_std(dtype, correction, dim):
 
 def test_reduction_dtype_arguments():
     def f(x, i):
-        return (
-            x.sum(-1, dtype=torch.float64),
-            i.sum(0, dtype=torch.float32),
-            x.mean(0, dtype=torch.float64),
-            i.prod(1, dtype=torch.int32),
-            x.to(torch.bfloat16).sum(-1, dtype=torch.float32),
-            i.sum(),
-            i.float().mean(),
-        )
+        return (x.sum(-1, dtype=torch.float64), i.sum(0, dtype=torch.float32), x.mean(0, dtype=torch.float64),
+                i.prod(1, dtype=torch.int32), x.to(torch.bfloat16).sum(-1, dtype=torch.float32),
+                i.sum(), i.float().mean())
 
     check(f, randn(6, 10), randint(-3, 4, 6, 10), expect_native=True)
 
@@ -123,18 +117,8 @@ def test_reductions_on_strided_inputs(layout):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_large_rows_take_the_parallel_path(dtype):
     def f(x):
-        return (
-            x.sum(-1),
-            x.amax(-1),
-            x.argmax(-1),
-            x.argmin(0),
-            torch.softmax(x, -1),
-            x.var(-1),
-            x.sum(0),
-            x.mean(),
-            x.prod(-1).isnan(),
-            (x > 0).any(0),
-        )
+        return (x.sum(-1), x.amax(-1), x.argmax(-1), x.argmin(0), torch.softmax(x, -1), x.var(-1),
+                x.sum(0), x.mean(), x.prod(-1).isnan(), (x > 0).any(0))
 
     x = with_specials(randn(96, 1031, dtype=dtype))  # rows of NaN/inf too, with a SIMD tail
     x[5] = randn(1031, dtype=dtype, seed=4)
@@ -172,32 +156,16 @@ def test_softmax_of_empty_tensor():
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_nan_inf_in_reductions(dtype):
     def f(x):
-        return (
-            x.amax(-1),
-            x.amin(0),
-            x.sum(-1),
-            x.argmax(-1),
-            x.argmin(0),
-            torch.max(x, 1),
-            x.mean(0),
-            torch.nansum(x, -1) if dtype is not torch.bfloat16 else x.sum(0),
-            x.isnan().any(-1),
-        )
+        return (x.amax(-1), x.amin(0), x.sum(-1), x.argmax(-1), x.argmin(0), torch.max(x, 1), x.mean(0),
+                torch.nansum(x, -1) if dtype is not torch.bfloat16 else x.sum(0), x.isnan().any(-1))
 
     check(f, with_specials(randn(8, 32, dtype=dtype)), expect_native=True)
 
 
 def test_inf_only_rows():
     def f(x):
-        return (
-            x.amax(-1),
-            x.argmax(-1),
-            x.argmin(-1),
-            x.sum(-1),
-            torch.softmax(x, -1),
-            torch.logsumexp(x, -1),
-            torch.log_softmax(x, -1),
-        )
+        return (x.amax(-1), x.argmax(-1), x.argmin(-1), x.sum(-1), torch.softmax(x, -1),
+                torch.logsumexp(x, -1), torch.log_softmax(x, -1))
 
     x = randn(4, 8)
     x[0] = float("-inf")
@@ -258,11 +226,8 @@ def test_masked_softmax_zeros_are_exact():
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_layer_norm(dtype):
     def f(x, w, b):
-        return (
-            F.layer_norm(x, (x.shape[-1],), w, b),
-            F.layer_norm(x, (x.shape[-1],)),
-            F.layer_norm(x, x.shape[-2:], eps=1e-3),
-        )
+        return (F.layer_norm(x, (x.shape[-1],), w, b), F.layer_norm(x, (x.shape[-1],)),
+                F.layer_norm(x, x.shape[-2:], eps=1e-3))
 
     x = randn(4, 6, 48, dtype=dtype) * 2 + 1
     check(f, x, randn(48, dtype=dtype, seed=1), randn(48, dtype=dtype, seed=2), expect_native=True)
@@ -325,16 +290,8 @@ def test_rows_that_start_off_16_byte_boundaries(dtype, n):
     # argmax, load element by element
     def f(x, w):
         rms = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
-        return (
-            rms,
-            torch.softmax(x, -1),
-            F.layer_norm(x, (n,), w),
-            x.amin(-1),
-            (x > 0).all(-1),
-            (x > 1).any(-1),
-            x.sum(-1),
-            (x / 4).prod(-1),
-        )
+        return (rms, torch.softmax(x, -1), F.layer_norm(x, (n,), w), x.amin(-1), (x > 0).all(-1),
+                (x > 1).any(-1), x.sum(-1), (x / 4).prod(-1))
 
     def shifted(flat, w):  # rows 3 values further on than the outputs': not split
         return f(flat[3:].view(7, n), w)

@@ -46,9 +46,8 @@ def _set_grads(model: torch.nn.Module, seed: int) -> None:
 
 
 def _states(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [
-        v for p in opt.param_groups[0]["params"] for v in opt.state[p].values() if isinstance(v, torch.Tensor)
-    ]
+    return [v for p in opt.param_groups[0]["params"] for v in opt.state[p].values()
+            if isinstance(v, torch.Tensor)]
 
 
 def _reports_since(before: int):

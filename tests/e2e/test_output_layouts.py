@@ -122,7 +122,6 @@ def test_aten_ops_on_a_permuted_intermediate_give_eager_strides():
 def test_flip_of_an_empty_dim(shape, dims):
     """A flip is a view whose offset counts from the end of each flipped dim: -1 for an empty
     one, which no storage offset may be."""
-
     def f(x):
         return torch.flip(x, dims)
 
@@ -134,7 +133,6 @@ def test_flip_of_an_empty_dim(shape, dims):
 
 def test_flip_of_an_empty_dim_read_by_an_aten_op():
     """The view an ATen op reads keeps its storage offset within the storage too."""
-
     def f(x):
         return torch.flip(x * 2, [1]).repeat(2, 1), torch.flip(x, [0, 1]).repeat(1, 2)
 

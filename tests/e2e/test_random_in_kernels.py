@@ -52,11 +52,8 @@ def test_randn_follows_the_philox_stream():
 
 def test_rand_and_randn_distributions():
     def fn(x):
-        return (
-            torch.rand(4096, device=x.device),
-            torch.randn(4096, device=x.device),
-            torch.randn_like(x, dtype=torch.bfloat16),
-        )
+        return torch.rand(4096, device=x.device), torch.randn(4096, device=x.device), \
+            torch.randn_like(x, dtype=torch.bfloat16)
 
     (u, z, zb), _ = run_compiled(fn, torch.randn(SHAPE))
     assert 0.0 <= u.min().item() and u.max().item() < 1.0
@@ -91,7 +88,6 @@ def test_dropout_is_repeatable_under_manual_seed():
 
 def test_two_dropouts_in_one_graph_are_independent():
     x = torch.rand(SHAPE) + 0.5
-
     def fn(x):
         return F.dropout(x, 0.5, training=True), F.dropout(x, 0.5, training=True)
 
@@ -124,7 +120,7 @@ def test_dropout_backward_regenerates_the_mask():
     assert_same(x.grad, expected)
     saved = report.partition.saved
     assert not [t for _, t in saved if t.startswith("bool")], saved  # no mask is saved
-    assert "int64[]" in [t for _, t in saved], saved  # the seed is
+    assert ("int64[]" in [t for _, t in saved]), saved  # the seed is
 
 
 def test_bernoulli_float_and_tensor_probabilities():
@@ -146,14 +142,8 @@ def test_bernoulli_float_and_tensor_probabilities():
 
 def test_training_an_mlp_with_dropout():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32),
-        torch.nn.ReLU(),
-        torch.nn.Dropout(0.2),
-        torch.nn.Linear(32, 16),
-        torch.nn.LayerNorm(16),
-        torch.nn.Dropout(0.1),
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+                                torch.nn.Linear(32, 16), torch.nn.LayerNorm(16), torch.nn.Dropout(0.1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     compiled = kiln.compile(model)
     torch._dynamo.reset()

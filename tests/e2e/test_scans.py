@@ -29,12 +29,11 @@ def _odd_even_scan(elems: tuple, dim: int) -> tuple:
     n = elems[0].shape[dim]
     if n < 2:
         return elems
-    odd = _combine(
-        [e.narrow(dim, 0, n - 1 - n % 2)[..., ::2, :] for e in elems],
-        [e.narrow(dim, 1, n - 1 - n % 2)[..., ::2, :] for e in elems],
-    )
+    odd = _combine([e.narrow(dim, 0, n - 1 - n % 2)[..., ::2, :] for e in elems],
+                   [e.narrow(dim, 1, n - 1 - n % 2)[..., ::2, :] for e in elems])
     odd = _odd_even_scan(odd, dim)
-    even_rest = _combine([o.narrow(dim, 0, (n - 1) // 2) for o in odd], [e[..., 2::2, :] for e in elems])
+    even_rest = _combine([o.narrow(dim, 0, (n - 1) // 2) for o in odd],
+                         [e[..., 2::2, :] for e in elems])
     out = []
     for e, o, r in zip(elems, odd, even_rest):
         even = torch.cat([e.narrow(dim, 0, 1), r], dim)

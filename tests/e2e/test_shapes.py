@@ -44,10 +44,8 @@ def test_a_graph_traced_with_symbolic_shapes_compiles_once_per_shape():
         want.sum().backward()
         torch.testing.assert_close(x.grad, x_eager.grad)
     assert len(REPORTS) - before == 4  # forward and backward for 4 and 7 rows; 4 again is cached
-    assert all(
-        not r.fallbacks or set(r.fallbacks) <= {"aten.addmm.default", "aten.mm.default"}
-        for r in REPORTS[before:]
-    )
+    assert all(not r.fallbacks or set(r.fallbacks) <= {"aten.addmm.default", "aten.mm.default"}
+               for r in REPORTS[before:])
 
 
 def test_past_the_shape_limit_new_shapes_run_in_aten(monkeypatch):

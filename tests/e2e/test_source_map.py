@@ -68,11 +68,8 @@ def test_kernels_are_named_after_what_they_fuse_and_know_their_model_code():
     # one kernel serves both layers: it lists both layers' code
     assert {("layers.0.norm", "RMSNorm", norm_line), ("layers.1.norm", "RMSNorm", norm_line)} <= where
     assert ("layers.1", "Layer", layer_line) in where
-    assert all(
-        s.origin.file.endswith(THIS_FILE) and "# NORM LINE" in s.origin.code
-        for s in fused.sites
-        if s.origin.line == norm_line
-    )
+    assert all(s.origin.file.endswith(THIS_FILE) and "# NORM LINE" in s.origin.code
+               for s in fused.sites if s.origin.line == norm_line)
     assert "aten.relu.default" in fused.ops and "aten.rsqrt.default" in fused.ops
     # the linear layers run in ATen: each call knows its module
     aten = {(s.origin.module, s.origin.module_class) for _, s in _sites(report, "aten")}
@@ -163,16 +160,13 @@ def test_names_are_stable_so_a_second_compile_hits_the_kernel_cache(monkeypatch)
     assert second.cache_hits == len(second.kernels) > 0
 
 
-@pytest.mark.parametrize(
-    "dynamo, path",
-    [
-        ("L['self'].layers[0].norm", "layers.0.norm"),
-        ("L['self']._modules['h']._modules['0'].attn", "h.0.attn"),
-        ("L['model'].lin", "model.lin"),
-        ("G['model']._modules['h'][1]", "model.h.1"),
-        ("L['self']", ""),
-    ],
-)
+@pytest.mark.parametrize("dynamo, path", [
+    ("L['self'].layers[0].norm", "layers.0.norm"),
+    ("L['self']._modules['h']._modules['0'].attn", "h.0.attn"),
+    ("L['model'].lin", "model.lin"),
+    ("G['model']._modules['h'][1]", "model.h.1"),
+    ("L['self']", ""),
+])
 def test_dynamo_module_paths_read_as_named_modules(dynamo, path):
     assert module_path(dynamo) == path
 
@@ -189,9 +183,7 @@ def test_labels_are_short_words_in_program_order():
     z = b.make(Op.POINTWISE, (y,), ("relu",), (4,), torch.float32)
     assert y.meta[ORIGIN].module_class == "LayerNorm"
     assert kernel_label([x, y, z]) == "layernorm_relu"
-    long = [
-        b.make(Op.POINTWISE, (x,), (f"f{i}",), (4,), torch.float32, {ORIGIN: Origin(f"m{i}", f"Module{i}x")})
-        for i in range(10)
-    ]
+    long = [b.make(Op.POINTWISE, (x,), (f"f{i}",), (4,), torch.float32,
+                   {ORIGIN: Origin(f"m{i}", f"Module{i}x")}) for i in range(10)]
     assert len(kernel_label(long)) <= LABEL_CHARS and kernel_label(long).startswith("module0x_module1x")
     assert kernel_label([x]) == "copy"

@@ -237,9 +237,8 @@ def test_an_artifact_with_dynamic_shapes_serves_every_size_in_its_range(tmp_path
 
     model = Block().eval()
     batch, length = Dim("batch", min=2, max=64), Dim("length", min=2, max=4096)
-    path = kiln.export(
-        model, (randn(3, 5, HIDDEN),), tmp_path / "family", dynamic_shapes={"x": {0: batch, 1: length}}
-    )
+    path = kiln.export(model, (randn(3, 5, HIDDEN),), tmp_path / "family",
+                       dynamic_shapes={"x": {0: batch, 1: length}})
     loaded = kiln.load(path)
     shape = loaded.manifest["inputs"][0]["shape"]
     assert [d["min"] for d in shape[:2]] == [2, 2] and [d["max"] for d in shape[:2]] == [64, 4096], shape

@@ -35,7 +35,6 @@ def _train_step(model):
         loss = model(x).square().mean()
         loss.backward()
         return loss
-
     return step
 
 

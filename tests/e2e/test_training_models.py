@@ -55,27 +55,13 @@ class LM(nn.Module):
 
         common = {"vocab_size": 128}
         if kind == "gpt2":
-            config = transformers.GPT2Config(
-                n_layer=2,
-                n_embd=32,
-                n_head=2,
-                n_positions=32,
-                resid_pdrop=0.0,
-                embd_pdrop=0.0,
-                attn_pdrop=0.0,
-                **common,
-            )
+            config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=32, resid_pdrop=0.0,
+                                             embd_pdrop=0.0, attn_pdrop=0.0, **common)
             self.model = transformers.GPT2LMHeadModel(config)
         else:
-            config = transformers.LlamaConfig(
-                num_hidden_layers=2,
-                hidden_size=32,
-                intermediate_size=64,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=32,
-                **common,
-            )
+            config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                              num_attention_heads=4, num_key_value_heads=2,
+                                              max_position_embeddings=32, **common)
             self.model = transformers.LlamaForCausalLM(config)
 
     def forward(self, ids, labels):
@@ -86,14 +72,11 @@ def _model_and_batches(name: str):
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     if name == "mlp":
-        return MLP(), [
-            (torch.randn(16, 24, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(STEPS)
-        ]
+        return MLP(), [(torch.randn(16, 24, generator=g), torch.randint(0, 10, (16,), generator=g))
+                       for _ in range(STEPS)]
     if name == "convnet":
-        return ConvNet(), [
-            (torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 10, (4,), generator=g))
-            for _ in range(STEPS)
-        ]
+        return ConvNet(), [(torch.randn(4, 3, 12, 12, generator=g), torch.randint(0, 10, (4,), generator=g))
+                           for _ in range(STEPS)]
     batches = []
     for _ in range(STEPS):
         ids = torch.randint(0, 128, (2, 16), generator=g)

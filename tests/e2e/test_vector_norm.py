@@ -51,10 +51,8 @@ def test_vector_norm_result_dtype(ord):
     """dtype= computes and returns in that dtype (bf16 input, float32 or float64 result)."""
 
     def f(x):
-        return (
-            torch.linalg.vector_norm(x, ord, dim=-1, dtype=torch.float32),
-            torch.linalg.vector_norm(x.float(), ord, dim=0, dtype=torch.float64),
-        )
+        return (torch.linalg.vector_norm(x, ord, dim=-1, dtype=torch.float32),
+                torch.linalg.vector_norm(x.float(), ord, dim=0, dtype=torch.float64))
 
     report = check(f, torch.randn(6, 7).bfloat16(), tol=TOLERANCE[torch.float32])
     _no_aten_norm(report)
@@ -135,14 +133,8 @@ def test_grn_block(dtype):
     torch.manual_seed(0)
     x = torch.randn(2, 6, 7, 32, dtype=dtype)
     gamma, beta = torch.randn(1, 1, 1, 32, dtype=dtype), torch.randn(1, 1, 1, 32, dtype=dtype)
-    report = check(
-        grn,
-        x,
-        gamma,
-        beta,
-        tol=dict(rtol=5e-2, atol=5e-2) if dtype == torch.bfloat16 else None,
-        expect_native=True,
-    )
+    report = check(grn, x, gamma, beta, tol=dict(rtol=5e-2, atol=5e-2) if dtype == torch.bfloat16 else None,
+                   expect_native=True)
     assert report.num_kernels <= 3  # the norm, its mean over channels, the element-wise output
 
 

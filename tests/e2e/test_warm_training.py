@@ -103,13 +103,8 @@ print(json.dumps({"phases": results, "warnings": warnings}))
 
 def run_child(root: Path, phases: list[dict], seed: int) -> dict:
     env = {**os.environ, "PYTHONPATH": SRC, "KILN_CACHE_DIR": str(root), "KILN_TARGET": "cpp"}
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(phases), str(seed)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(phases), str(seed)], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -119,11 +114,8 @@ MUTATING = {"model": "batchnorm"}
 NOT_PLAIN = "the graph mutates an input (e.g. a running statistic)"
 
 
-VARIANTS = [
-    {"model": "mlp", "x_grad": True},
-    {"model": "mlp", "dtype": "float64"},
-    {"model": "mlp", "shape": [12, 24]},
-]
+VARIANTS = [{"model": "mlp", "x_grad": True}, {"model": "mlp", "dtype": "float64"},
+            {"model": "mlp", "shape": [12, 24]}]
 
 
 @pytest.fixture(scope="module")
@@ -161,11 +153,9 @@ def test_requires_grad_dtype_and_shape_changes_miss(cold, warm):
     for phase in warm["phases"][3:]:
         assert phase == {"stats": {"miss": 1, "stored": 1}, "aot_calls": 1}, phase
     why = cache_cli.why(cold[0], count=100)
-    for difference in (
-        r"input \d+ requires_grad: False there, True here",
-        r"input \d+ dtype: torch.float32 there, torch.float64 here",
-        r"input \d+ shape: \[16, 24\] there, \[12, 24\] here",
-    ):
+    for difference in (r"input \d+ requires_grad: False there, True here",
+                       r"input \d+ dtype: torch.float32 there, torch.float64 here",
+                       r"input \d+ shape: \[16, 24\] there, \[12, 24\] here"):
         assert re.search(difference, why), why
 
 
@@ -189,14 +179,8 @@ def test_convention_needs_the_backward_to_read_only_saved_values_and_tangents():
     class Meta:
         input_info, output_info, num_intermediate_bases = [], [], 0
 
-    split = training_cache._Split(
-        num_user_outputs=0,
-        saved=("mm",),
-        backward_placeholders=("mm", "other"),
-        num_forward_inputs=0,
-        meta=Meta(),
-        forward_entry="graph_a",
-    )
+    split = training_cache._Split(num_user_outputs=0, saved=("mm",), backward_placeholders=("mm", "other"),
+                                  num_forward_inputs=0, meta=Meta(), forward_entry="graph_a")
     with pytest.raises(training_cache.NotPlain, match="reads other"):
         training_cache.convention_of(split, 0, "graph_b")
     split.backward_placeholders = ("mm",)
@@ -208,6 +192,7 @@ def test_graph_mode_change_is_a_key_component():
     with torch.no_grad():
         off = training_cache._modes(device)
     assert off["grad enabled"] == "False" and training_cache._modes(device)["grad enabled"] == "True"
+
 
 
 def test_cached_program_failing_at_first_call_runs_in_aten(cold, tmp_path, monkeypatch, caplog):
