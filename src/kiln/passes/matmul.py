@@ -5,9 +5,10 @@ where passes/cost.py predicts it beats cuBLAS plus the separate kernel. The prod
 never goes through memory.
 
 A product qualifies when it is mm or addmm (alpha = beta = 1) of 2-D operands of one
-floating dtype and of static sizes, and one point-wise kernel of the product's own domain
-reads it, at each point its own element, and nothing else does (no other kernel, ATen
-call or output). Every matmul gets a Decision: the template, or cuBLAS and why.
+floating dtype and of static sizes, and its first reader is a point-wise kernel of the
+product's own domain that reads, at each point, its own element. Readers after that kernel
+(kernels, ATen calls, outputs) read the product from its buffer, which the template then
+stores too. Every matmul gets a Decision: the template, or cuBLAS and why.
 """
 
 from __future__ import annotations
