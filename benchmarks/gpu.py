@@ -2,6 +2,9 @@
 
     PYTHONPATH=src python -m benchmarks.gpu [--cases chain,rmsnorm] [--out FILE.md] [--per-call]
 
+KILN_MATMUL_TEMPLATES=1 forces kiln's Triton matmul templates (fused epilogues) wherever they
+apply, =0 keeps every matmul in cuBLAS; unset, kiln's cost model chooses per matmul.
+
 Each case is checked against eager first (a wrong result is FAIL, never timed). Times are
 per call: medians over CUDA-graph replays of back-to-back calls on rotating inputs (`bench`),
 except the launch-bound tiny MLP's, a loop of calls timed on the host (`bench_host`). With
@@ -53,6 +56,10 @@ def softmax(x):
     return torch.softmax(x, -1)
 
 
+def bias_gelu(x, w, b):
+    return F.gelu(x @ w + b)
+
+
 def ffn(x, w_norm, w_gate, w_up, w_down):
     h = rmsnorm(x, w_norm)
     return x + (F.silu(h @ w_gate) * (h @ w_up)) @ w_down
@@ -94,6 +101,8 @@ def cases():
     yield "softmax 65536x1024 bf16", softmax, (x,), nbytes(x, x), None, 2e-2
     x = r(4096, 50304, dtype=BF16)  # rows too long for one tile: a loop over chunks per row
     yield "softmax 4096x50304 bf16 (long rows)", softmax, (x,), nbytes(x, x), None, 2e-2
+    x, w, b = r(8192, 768, dtype=BF16), r(768, 3072, dtype=BF16) * 0.036, r(3072, dtype=BF16) * 0.02
+    yield "gelu(x @ w + b) 8192x768 @ 768x3072 bf16", bias_gelu, (x, w, b), None, 2 * 8192 * 768 * 3072, 2e-2
     x = r(8192, 4096, dtype=BF16)
     wn, wg, wu, wd = (r(4096, dtype=BF16), r(4096, 11008, dtype=BF16) * 0.02, r(4096, 11008, dtype=BF16) * 0.02,
                       r(11008, 4096, dtype=BF16) * 0.02)

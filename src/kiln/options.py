@@ -28,6 +28,10 @@ class Options:
     eager_random: leave dropout, rand, randn and bernoulli to ATen, keeping eager's random
         stream (and a saved dropout mask); by default kiln generates them inside its kernels
         from a Philox stream of its own (docs/random.md). KILN_EAGER_RANDOM=1 sets it.
+    matmul_templates: Triton matmul templates with fused epilogues (passes/matmul.py): None
+        (the default) lets the cost model choose them per matmul on GPUs; True uses them
+        wherever they apply (the Triton interpreter included); False keeps every matmul in
+        ATen (cuBLAS). The C++ target always keeps ATen's. KILN_MATMUL_TEMPLATES=0/1 sets it.
     """
 
     fullgraph: bool = False
@@ -36,6 +40,7 @@ class Options:
     target: str = "auto"
     check: bool = False
     eager_random: bool = False
+    matmul_templates: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.fullgraph, bool):
@@ -50,6 +55,9 @@ class Options:
             raise TypeError(f"kiln option check must be a bool, got {self.check!r}")
         if not isinstance(self.eager_random, bool):
             raise TypeError(f"kiln option eager_random must be a bool, got {self.eager_random!r}")
+        if self.matmul_templates not in (None, True, False):
+            raise TypeError(f"kiln option matmul_templates must be None, True or False, got "
+                            f"{self.matmul_templates!r}")
 
     def cache_key(self) -> dict[str, str]:
         """The fields that change generated code, as named key components. fullgraph and
@@ -68,15 +76,17 @@ class Options:
             kwargs["check"] = True
         if "eager_random" not in kwargs and env_eager_random():
             kwargs["eager_random"] = True
+        if "matmul_templates" not in kwargs and env_matmul_templates() is not None:
+            kwargs["matmul_templates"] = env_matmul_templates()
         return cls(**kwargs)
 
 
 # The options that change the code kiln generates for a graph (the graph cache's key).
-CODE_OPTIONS = ("mode", "target", "eager_random")
+CODE_OPTIONS = ("mode", "target", "eager_random", "matmul_templates")
 
 # The options torch.compile(model, backend="kiln", mode=..., options={...}) hands to kiln; its
 # own fullgraph= and dynamic= act in Dynamo, before kiln, so they are not kiln's to take here.
-BACKEND_OPTIONS = ("mode", "target", "check", "eager_random")
+BACKEND_OPTIONS = ("mode", "target", "check", "eager_random", "matmul_templates")
 
 
 def backend_options(mode: str | None = None, options: dict | None = None) -> Options:
@@ -116,6 +126,13 @@ def env_check() -> bool:
 def env_eager_random() -> bool:
     """KILN_EAGER_RANDOM=1 leaves random ops to ATen, with eager's stream (Options.eager_random)."""
     return os.environ.get("KILN_EAGER_RANDOM", "") not in ("", "0")
+
+
+def env_matmul_templates() -> bool | None:
+    """KILN_MATMUL_TEMPLATES=1 forces matmul templates wherever they apply, 0 turns them off
+    (Options.matmul_templates); unset, the cost model chooses."""
+    value = os.environ.get("KILN_MATMUL_TEMPLATES", "")
+    return None if value == "" else value != "0"
 
 
 def env_debug() -> bool:

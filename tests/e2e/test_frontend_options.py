@@ -54,7 +54,8 @@ def test_torch_compile_options_choose_the_code_generator(seen_options):
     ({"options": {"target": "cuda"}}, r"kiln option target must be one of \('auto', 'cpp', 'triton'\)"),
     ({"options": {"mode": "fastest"}}, "kiln option mode must be one of"),
     ({"options": {"trget": "cpp"}},
-     r"unknown kiln option\(s\) \['trget'\].*\['mode', 'target', 'check', 'eager_random'\]"),
+     r"unknown kiln option\(s\) \['trget'\].*\['mode', 'target', 'check', 'eager_random', "
+     r"'matmul_templates'\]"),
     ({"options": {"dynamic": True}}, "dynamic are torch.compile's own arguments"),
 ])
 def test_bad_torch_compile_options_raise(kwargs, message):

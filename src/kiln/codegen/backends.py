@@ -36,6 +36,13 @@ class Backend:
     # buffers one group takes at most: a C++ group's call passes each (ctypes takes 1024); a
     # Triton group is one function whose compile grows with its members' code
     group_buffers: int = 1024
+    # matmul templates with fused epilogues (passes/matmul.py): False never, True wherever
+    # they apply, None where the cost model predicts they pay (on GPUs)
+    matmul_templates: bool | None = False
+    # whether a matmul template's first call times cuBLAS against it (max-autotune)
+    times_matmuls: bool = False
+    # a matmul template's (BLOCK_M, BLOCK_N, share of the SMs its waves keep busy)
+    matmul_tile: Callable | None = None
 
 
 def _cpp(options) -> Backend:
@@ -56,6 +63,7 @@ def _cpp(options) -> Backend:
 def _triton(options) -> Backend:
     from kiln.codegen import triton as tr
     from kiln.codegen import triton_group, triton_math
+    from kiln.codegen.templates import matmul
     from kiln.runtime import triton_build
 
     def build(kernels, sources):
@@ -67,7 +75,8 @@ def _triton(options) -> Backend:
     # a persistent row lives in registers: keeping it is free, re-reading it is not
     return Backend("triton", "Triton", triton_group.render_source, build, False, tr.PERSISTENT_MAX, True,
                    unsupported, tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True, group_members=16,
-                   group_buffers=128)
+                   group_buffers=128, matmul_templates=options.matmul_templates,
+                   times_matmuls=options.mode == "max-autotune", matmul_tile=matmul.tile)
 
 
 _FACTORIES = {"cpp": _cpp, "triton": _triton}

@@ -11,10 +11,15 @@ from kiln.codegen.triton import HEADER, _Renderer
 from kiln.codegen.triton import render_source as render_kernel_source
 from kiln.ir import kernel as k
 from kiln.ir.group import is_group, member_param
+from kiln.ir.matmul import is_matmul
 
 
 def render_source(kernel: k.Kernel) -> str:
-    """A kernel's Triton module, a group's included."""
+    """A kernel's Triton module, a group's and a matmul template's included."""
+    if is_matmul(kernel):
+        from kiln.codegen.templates import matmul
+
+        return matmul.render_source(kernel)
     if not is_group(kernel):
         return render_kernel_source(kernel)
     return HEADER + "\n\n" + render_group(kernel) + "\n"

@@ -523,3 +523,22 @@ else:
     @triton.jit
     def load_columns(ptr, start, stop, ALIGNED: tl.constexpr, VECTOR: tl.constexpr, RBLOCK: tl.constexpr):
         return _plain_columns(ptr, start, stop, RBLOCK)
+
+
+# A matmul operand as tl.dot takes it (codegen/templates/matmul.py): as loaded on the GPU
+# (wgmma reads 16-bit operands); as float32 in the interpreter, whose bf16 values are raw bits
+# and whose fp16 product would accumulate in fp16.
+if not INTERPRETED:
+
+    @triton.jit
+    def dot_operand(x):
+        return x
+
+else:
+
+    @triton.jit
+    def dot_operand(x):
+        if x.dtype == tl.bfloat16:
+            return from_bf16(x)
+        else:
+            return x.to(tl.float32)

@@ -281,6 +281,9 @@ def kernel_str(k: Kernel) -> str:
     if k.sizes:
         params += ", " + ", ".join(f"ks{i}: size" for i in range(len(k.sizes)))
     lines = [f"kernel {k.name}({params})", f"  outer: {dims(k.outer) or '()'}"]
+    header = getattr(k, "template_header", None)  # a matmul (ir/matmul.py): its product's lines
+    if header is not None:
+        lines.extend(header())
     if k.reduce:
         lines.append(f"  reduce: {dims(k.reduce)}")
     for i, check in enumerate(k.checks):

@@ -153,6 +153,8 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
     between stages (a CPU thread's row stays in its core's L2; a GPU program's row stays in its
     share of the L2, or in registers).
     FLOPs: one per element-wise op or reduction step per iteration of its stage."""
+    if getattr(kernel, "product", ""):  # a matmul template (ir/matmul.py)
+        return matmul_template_cost(kernel, ceilings)
     members = getattr(kernel, "members", ())
     if members:  # a group (ir/group.py): its members' work, one launch
         parts = [kernel_cost(m, ceilings) for m in members]
@@ -531,3 +533,81 @@ def after_compile(report, before: tuple[Ceilings, list[Cost]] | None) -> GraphCo
         log.info("kiln: a graph of %d kernels and %d ATen calls will not pay for its compile within "
                  "%s calls: %s", len(cost.kernels), len(cost.aten), f"{BREAK_EVEN_LIMIT:,}", verdict)
     return cost
+
+
+# --- matmul templates (ir/matmul.py) against cuBLAS and a separate epilogue kernel ------------
+
+# The share of cuBLAS's rate the Triton template reaches on shapes that tile evenly (16-bit
+# operands on Hopper): below 1, so that a template is chosen only where fusing saves more.
+TEMPLATE_MATMUL_EFFICIENCY = 0.85
+TEMPLATE_TILE = (128, 128, 64)  # M, N, K: the tiles of the template's configurations divide these
+# A GPU's ceilings where none were measured (compiles do not time the device): an H200's.
+NOMINAL_GPU = Ceilings("cuda: nominal (H200)", 4.25e12, 4.0e13, 7.0e14, 5e-6, 3e-6, 0)
+
+
+def _without_product(kernel) -> Kernel:
+    """A matmul kernel's epilogue as a plain point-wise kernel, less its loads of the product."""
+    stages = tuple(dataclasses.replace(st, body=tuple(s for s in st.body if not (
+        isinstance(s, Load) and s.buf == kernel.product))) for st in kernel.stages)
+    return Kernel(kernel.name, kernel.outer, (), kernel.params, stages)
+
+
+def matmul_template_cost(kernel, ceilings: Ceilings, wave_share: float = 1.0) -> Cost:
+    """One launch of a matmul template: the product at TEMPLATE_MATMUL_EFFICIENCY of the
+    matmul rate, times the share of SMs its waves of tiles keep busy (from the backend, 1
+    where not given), reading each operand once and what the epilogue reads, writing its
+    stores."""
+    epilogue = kernel_cost(_without_product(kernel), ceilings)
+    operands = (kernel.m + kernel.n) * kernel.k * kernel.operand_dtype.itemsize
+    must_move = epilogue.must_move + operands
+    flops = 2.0 * kernel.m * kernel.n * kernel.k
+    rate = ceilings.matmul_flop_per_s * TEMPLATE_MATMUL_EFFICIENCY * wave_share
+    memory_s = must_move / ceilings.copy_bytes_per_s
+    busy = max(memory_s, flops / rate, epilogue.seconds - ceilings.kernel_launch_s)
+    bound = "memory" if memory_s >= flops / rate else "matmul"
+    floor_s = max(memory_s, flops / ceilings.matmul_flop_per_s)
+    return Cost(kernel.name, must_move, must_move, flops + epilogue.flops, 1, ceilings.kernel_launch_s + busy,
+                floor_s, bound)
+
+
+@dataclass(frozen=True)
+class MatmulChoice:
+    """Template or cuBLAS for one matmul, with the predicted times behind it (seconds)."""
+
+    template: bool
+    reason: str
+    template_s: float = 0.0
+    cublas_s: float = 0.0  # the ATen matmul and the separate epilogue kernel
+
+
+def choose_matmul(template, epilogue: Kernel | None, cublas: Cost, ceilings: Ceilings,
+                  forced: bool, wave_share: float = 1.0) -> MatmulChoice:
+    """template: the MatmulKernel that fusing would make; epilogue: the kernel it replaces
+    (None: nothing reads the product but as a buffer); cublas: the ATen call's cost;
+    wave_share: the share of SMs the template's waves of tiles keep busy (the backend's).
+    The template pays where the epilogue's traffic (the product written, read back, and the
+    second launch) outweighs what the template gives up to cuBLAS, on shapes it tiles evenly."""
+    if forced:
+        return MatmulChoice(True, "matmul templates forced on (option matmul_templates=True)")
+    m, n, k = template.m, template.n, template.k
+    tm, tn, tk = TEMPLATE_TILE
+    if m % tm or n % tn or k % tk:
+        return MatmulChoice(False, f"cuBLAS: {m} x {n} x {k} does not tile by {tm} x {tn} x {tk}, "
+                                   "where the template would mask its edge tiles")
+    if template.operand_dtype.itemsize > 2:
+        return MatmulChoice(False, f"cuBLAS: {dtype_text(template.operand_dtype)} operands (eager's "
+                                   "float32 matmul is IEEE float32, which tensor cores do not run)")
+    if epilogue is None:
+        return MatmulChoice(False, "cuBLAS: no element-wise epilogue reads the product")
+    fused = matmul_template_cost(template, ceilings, wave_share).seconds
+    separate = cublas.seconds + kernel_cost(epilogue, ceilings).seconds
+    times = f"template {fused * 1e6:.1f} us, cuBLAS + epilogue kernel {separate * 1e6:.1f} us predicted"
+    if wave_share < 0.9:
+        times += f" (the template's tiles keep {wave_share:.0%} of the SMs busy)"
+    if fused < separate:
+        return MatmulChoice(True, f"template with the epilogue fused: {times}", fused, separate)
+    return MatmulChoice(False, f"cuBLAS: {times}", fused, separate)
+
+
+def dtype_text(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")

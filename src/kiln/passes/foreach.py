@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from kiln.ir.group import make_group
 from kiln.ir.kernel import Kernel
+from kiln.ir.matmul import is_matmul
 from kiln.ir.sizes import is_symbolic
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
 from kiln.passes.layout import node_label
 
 
 def _groupable(kern: Kernel) -> bool:
-    """Point-wise, checking nothing, not empty, and of static sizes (a group's launch passes
-    its members' buffers only)."""
-    if kern.reduce or kern.checks or kern.sizes or is_symbolic(kern.outer_numel):
+    """Point-wise, checking nothing, not empty, of static sizes (a group's launch passes its
+    members' buffers only), and not a matmul template (a launch of its own tiling)."""
+    if kern.reduce or kern.checks or kern.sizes or is_symbolic(kern.outer_numel) or is_matmul(kern):
         return False
     return kern.outer_numel > 0
 

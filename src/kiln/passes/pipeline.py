@@ -10,6 +10,8 @@
     kernelize   kernel IR for each kernel (a reduction read off its row is stored instead);
                 kernels with the same text share one name and one build
     in place    kernels store the updates of graph inputs (an optimizer's parameters) into them
+    matmul      an ATen matmul and the element-wise kernel reading its product -> one Triton
+                matmul template with the kernel as its epilogue (where the cost model says so)
     group       independent point-wise kernels run as one launch, as a foreach op
     overlap     collectives issued as early as their inputs allow, waited for where needed
     host        the host program as data (ir/host.py): allocations, launches, ATen calls,
@@ -53,6 +55,7 @@ from kiln.passes.host_plan import build_host_program
 from kiln.passes.in_place import write_in_place
 from kiln.passes.kernelize import emit_kernel, transposing_copy
 from kiln.passes.layout import LayoutChoice, Layouts
+from kiln.passes.matmul import use_templates
 from kiln.passes.memory import plan_memory
 from kiln.passes.overlap import overlap_communication
 from kiln.passes.simplify import all_rules, simplify
@@ -187,9 +190,15 @@ def _compile_graph(
         updates = write_in_place(sched, kernels, names, layouts, lambda plan, trial: emit_kernel(
             "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows))
         kernels = _name_by_content(kernels, sched)
+        templates = _matmul_templates(sched, kernels, names, layouts, backend, example_inputs)
+        left_in_aten = {str(s.attrs[0]) for s in sched.steps
+                        if not isinstance(s, KernelPlan) and s.op is Op.EXTERN}
+        for name in [n for n in report.fallbacks if n not in left_in_aten and templates]:
+            if any(d.node.endswith(" " + name) for d in templates if d.verdict == "template"):
+                del report.fallbacks[name]  # every call of it became a matmul template
         groups = group_kernels(sched, kernels, backend.group_members, backend.group_buffers)
         kernels = _name_by_content(kernels, sched)
-        sched.decisions.extend(updates + groups)
+        sched.decisions.extend(updates + templates + groups)
         for step in sched.steps:
             copy = transposing_copy(kernels[id(step)], step, names, layouts) if id(step) in kernels else None
             if copy is not None:
@@ -202,8 +211,9 @@ def _compile_graph(
         report.node_origins = node_origins(graph)
         externs = sum(1 for s in sched.steps if not isinstance(s, KernelPlan) and s.op is Op.EXTERN)
         in_place = sum(d.verdict == "in place" for d in updates)
+        fused = sum(d.verdict == "template" for d in templates)
         t.summary = (f"{len(kernels)} kernels, {externs} ATen calls; {len(groups)} kernel groups, "
-                     f"{in_place} of {len(updates)} input updates in place")
+                     f"{in_place} of {len(updates)} input updates in place, {fused} matmul templates")
     with _Timer(report, "overlap") as t:
         moved = overlap_communication(sched, kernels, names)
         sched.decisions.extend(moved)
@@ -232,6 +242,23 @@ def _compile_graph(
             report.launches = LaunchGraphs(graph, names, _launch_roots(sched, kernels), by_name, backend)
         t.summary = f"{len(launchers) - report.cache_hits} compiled, {report.cache_hits} from cache"
     return call, report
+
+
+def _matmul_templates(sched, kernels, names, layouts, backend: Backend, example_inputs) -> list[Decision]:
+    """passes/matmul.py where the backend has templates: forced, or by the cost model on a GPU
+    (from the device's measured ceilings when known; a compile does not time the device)."""
+    if backend.matmul_templates is False:
+        return []
+    device = graph_device(example_inputs)
+    if backend.matmul_templates is None and device.type != "cuda":
+        return []
+    from kiln.passes.cost import NOMINAL_GPU
+    from kiln.runtime.ceilings import known_ceilings
+
+    ceilings = (known_ceilings(device) if device.type == "cuda" else None) or NOMINAL_GPU
+    forced = backend.matmul_templates is True
+    timed, tile = backend.times_matmuls, backend.matmul_tile
+    return use_templates(sched, kernels, names, layouts, forced, ceilings, timed, tile)
 
 
 def _launch_roots(sched: Schedule, kernels: dict[int, Kernel]) -> dict[tuple, list[Node]]:

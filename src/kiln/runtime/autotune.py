@@ -17,7 +17,7 @@ from kiln import logs
 from kiln.runtime import triton_abi
 from kiln.runtime.cache import write_atomic
 
-Config = tuple[int, int, int]  # XBLOCK, RBLOCK, num_warps
+Config = tuple[int, ...]  # XBLOCK, RBLOCK, num_warps; a matmul template's tiles, warps, stages
 
 
 def saved_choice(record: Path) -> Config | None:
@@ -42,6 +42,8 @@ class TunedLauncher:
         record: Path,
         n_pointers: int,
         assumes_aligned: bool = True,
+        jit_kwargs: Callable[[Config], dict] | None = None,
+        constexprs: Callable[[Config], dict] | None = None,
     ):
         self.__name__ = name
         self.assumes_aligned = assumes_aligned
@@ -50,6 +52,11 @@ class TunedLauncher:
         self.jit_fn = jit_fn
         self.variants = variants
         self.record = record
+        # what Triton's JIT takes for a configuration, and the constexprs' values in order
+        self.jit_kwargs = jit_kwargs or (
+            lambda c: dict(XBLOCK=c[0], RBLOCK=c[1], ALIGNED=False, num_warps=c[2])
+        )
+        self.constexprs = constexprs
         self.choice: Config | None = None
         self.aligned: Callable = self._tune_and_launch
         if len(variants) == 1:
@@ -62,7 +69,11 @@ class TunedLauncher:
         self.aligned = self._launch(config)
 
     def _launch(self, config: Config) -> Callable:
-        return triton_abi.direct_launch(self.variants[config], self.grid(config), config, self.n_pointers)
+        if isinstance(config[0], str):  # a launcher of its own (runtime/matmul_candidates.py)
+            return self.variants[config]
+        constants = tuple(self.constexprs(config).values()) if self.constexprs else ()
+        return triton_abi.direct_launch(self.variants[config], self.grid(config), config, self.n_pointers,
+                                        constants)
 
     def _tune(self, tensors) -> None:
         timings, launches = {}, {}
@@ -90,11 +101,12 @@ class TunedLauncher:
         self.aligned(*tensors)
 
     def _launch_unaligned(self, tensors) -> None:
-        x, r, w = self.choice or next(iter(self.variants))
-        self.jit_fn[self.grid((x, r, w))](*tensors, XBLOCK=x, RBLOCK=r, ALIGNED=False, num_warps=w)
+        config = self.choice or next(iter(self.variants))
+        self.jit_fn[self.grid(config)](*tensors, **self.jit_kwargs(config))
 
     def __call__(self, *tensors) -> None:
-        if not self.assumes_aligned or all(t.data_ptr() % 16 == 0 for t in tensors):
+        chosen_launcher = self.choice is not None and isinstance(self.choice[0], str)
+        if chosen_launcher or not self.assumes_aligned or all(t.data_ptr() % 16 == 0 for t in tensors):
             self.aligned(*tensors)
         else:
             self._launch_unaligned(tensors)

@@ -199,6 +199,7 @@ class BinaryLauncher(TunedLauncher):
         unaligned: KernelBinary | None = None,
         load_jit: Callable | None = None,
         device: int | None = None,
+        jit_kwargs: Callable[[Config], dict] | None = None,
     ):
         first = next(iter(binaries.values()))
         self.device = torch.cuda.current_device() if device is None else device
@@ -206,7 +207,8 @@ class BinaryLauncher(TunedLauncher):
         self.load_jit = load_jit
         self._unaligned_launch: BinaryLaunch | None = None
         super().__init__(
-            name, lambda config: binaries[config].grid, None, binaries, record, first.pointers, first.aligned
+            name, lambda config: binaries[config].grid, None, binaries, record, first.pointers, first.aligned,
+            jit_kwargs,
         )
 
     def _launch(self, config: Config) -> Callable:

@@ -220,10 +220,11 @@ def load_function(compiled):
 
 
 def direct_launch(
-    compiled, grid: tuple[int, int, int], config: tuple[int, int, int], n_pointers: int
+    compiled, grid: tuple[int, int, int], config: tuple, n_pointers: int, constants: tuple = ()
 ) -> Callable:
     """Call the C launch function with everything fixed ahead: per launch, only the current
-    stream is looked up (a fraction of Triton's generic launch path)."""
+    stream is looked up (a fraction of Triton's generic launch path). constants: the
+    constexprs' values in signature order (default XBLOCK, RBLOCK)."""
     device = torch.cuda.current_device()
     current_stream = torch._C._cuda_getCurrentRawStream
     g0, g1, g2 = grid
@@ -231,7 +232,7 @@ def direct_launch(
     if shared is None:
         compiled._init_handles()
         run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
-        xblock, rblock, _ = config
+        constants = constants or tuple(config[:2])
 
         def launch(*args):
             run(
@@ -245,8 +246,7 @@ def direct_launch(
                 None,
                 None,
                 *args,
-                xblock,
-                rblock,
+                *constants,
             )
 
         return launch

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.ir.kernel import Kernel
+from kiln.ir.matmul import is_matmul
 from kiln.runtime import cache, compile_pool, triton_abi
 from kiln.runtime.autotune import Config, TunedLauncher
 from kiln.runtime.triton_abi import KernelBinary
@@ -56,17 +57,70 @@ def _load(kernel: Kernel, source: str):
 
 
 def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
-    from kiln.codegen.triton import grid, launch_config
-
-    xblock, rblock, warps = launch_config(kernel, True)
-    launcher = jit_fn[grid(kernel, (xblock, rblock, warps))]
+    config = launch_configs(kernel, False, True)[0]
+    launcher = jit_fn[launch_grid(kernel, config)]
+    kwargs = jit_kwargs(kernel, config)
 
     def launch(*tensors):
-        launcher(*tensors, XBLOCK=xblock, RBLOCK=rblock, ALIGNED=False, num_warps=warps)
+        launcher(*tensors, **kwargs)
 
     launch.__name__ = kernel.name
     launch.aligned = launch  # the interpreter needs no alignment
     return launch
+
+
+def launch_configs(kernel: Kernel, autotune: bool, interpreted: bool = False) -> list[tuple]:
+    """The heuristic's launch configuration, or with autotune every candidate; a matmul
+    template's (codegen/templates/matmul.py) are its tiles, warps and stages."""
+    if is_matmul(kernel):
+        from kiln.codegen.templates import matmul
+
+        if interpreted:
+            return [matmul.launch_config(kernel, True)]
+        return matmul.candidate_configs(kernel) if autotune else [matmul.launch_config(kernel, False)]
+    from kiln.codegen.triton import candidate_configs, launch_config
+
+    if interpreted:
+        return [launch_config(kernel, True)]
+    return candidate_configs(kernel) if autotune else [launch_config(kernel, False)]
+
+
+def launch_grid(kernel: Kernel, config: tuple) -> tuple[int, int, int]:
+    if is_matmul(kernel):
+        from kiln.codegen.templates import matmul
+
+        return matmul.grid(kernel, config)
+    from kiln.codegen.triton import grid
+
+    return grid(kernel, config)
+
+
+def constexprs(kernel: Kernel, config: tuple) -> dict:
+    """The values of the kernel's constexpr parameters, in their order."""
+    if is_matmul(kernel):
+        from kiln.codegen.templates import matmul
+
+        return matmul.constexprs(config)
+    from kiln.codegen.triton import assumes_aligned_tensors
+
+    return {"XBLOCK": config[0], "RBLOCK": config[1], "ALIGNED": assumes_aligned_tensors(kernel)}
+
+
+def _compile_options(kernel: Kernel, config: tuple) -> dict:
+    if is_matmul(kernel):
+        from kiln.codegen.templates import matmul
+
+        return matmul.options(config)
+    return {"num_warps": config[2]}
+
+
+def jit_kwargs(kernel: Kernel, config: tuple) -> dict:
+    """What Triton's JIT takes for one launch configuration of the kernel, on tensors whose
+    alignment the compiled binaries do not assume (and in the interpreter)."""
+    kwargs = {**constexprs(kernel, config), **_compile_options(kernel, config)}
+    if "ALIGNED" in kwargs:
+        kwargs["ALIGNED"] = False
+    return kwargs
 
 
 def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[TritonBuild]:
@@ -78,33 +132,50 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
             TritonBuild(_interpreted_launcher(kernel, fn), cached)
             for (kernel, _), (fn, _, cached) in zip(jobs, loaded)
         ]
-    from kiln.codegen.triton import assumes_aligned_tensors, grid
+    from kiln.codegen.triton import assumes_aligned_tensors
 
     kernels = [(kernel, path) for (kernel, _), (_, path, _) in zip(jobs, loaded)]
     all_variants = compile_variants(kernels, triton_abi.current_target(), autotune)
+    if autotune:
+        _add_cublas_candidates([kernel for kernel, _ in kernels], all_variants)
     builds = []
     for (kernel, path), (jit_fn, _, cached), variants in zip(kernels, loaded, all_variants):
         launcher = TunedLauncher(
             kernel.name,
-            functools.partial(grid, kernel),
+            functools.partial(launch_grid, kernel),
             jit_fn,
             variants,
             path.with_suffix(".tune.json"),
             len(kernel.params),
             assumes_aligned_tensors(kernel),
+            functools.partial(jit_kwargs, kernel),
+            functools.partial(constexprs, kernel),
         )
         builds.append(TritonBuild(launcher, cached))
     return builds
 
 
+def _add_cublas_candidates(kernels: list[Kernel], all_variants: list[dict]) -> None:
+    """max-autotune: a matmul template that asks for it also times cuBLAS with its epilogue as
+    a kernel of its own (runtime/matmul_candidates.py), built here beside it."""
+    from kiln.codegen.triton import render_source
+    from kiln.ir.matmul import epilogue_kernel
+    from kiln.runtime.matmul_candidates import CUBLAS, cublas_launch
+
+    wanted = [(kernel, variants) for kernel, variants in zip(kernels, all_variants)
+              if is_matmul(kernel) and kernel.cublas_candidate]
+    if not wanted:
+        return
+    epilogues = [epilogue_kernel(kernel) for kernel, _ in wanted]
+    built = build_all([(e, render_source(e)) for e in epilogues], autotune=False)
+    for (kernel, variants), epilogue in zip(wanted, built):
+        variants[CUBLAS] = cublas_launch(kernel, epilogue.fn)
+
+
 def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune: bool = False) -> list[dict]:
     """Per kernel (loaded from path), {config: CompiledKernel} for target's (backend, arch,
     warp_size): the heuristic's launch configuration, or with autotune every candidate."""
-    from kiln.codegen.triton import candidate_configs, launch_config
-
-    configs = [
-        candidate_configs(kernel) if autotune else [launch_config(kernel, False)] for kernel, _ in kernels
-    ]
+    configs = [launch_configs(kernel, autotune) for kernel, _ in kernels]
     jobs = [
         compile_args(kernel, path, config, target)
         for (kernel, path), cs in zip(kernels, configs)
@@ -183,7 +254,9 @@ def _compile_at_register_budgets(jobs: list[compile_pool.CompileArgs]) -> list:
     compiled = compile_pool.compile_all(jobs)
     pending = []  # (job index, budgets left to try, stack bytes uncapped)
     for i, (job, binary) in enumerate(zip(jobs, compiled)):
-        used = _resources(binary) if job.target[0] == "cuda" else None
+        # a matmul template's registers follow from its tiles, which autotuning chooses
+        template = "num_stages" in job.options
+        used = _resources(binary) if job.target[0] == "cuda" and not template else None
         if used and (caps := register_caps(used[0], job.options["num_warps"])):
             pending.append((i, caps, used[1]))
     while pending:
@@ -216,7 +289,7 @@ _POINTER_TYPE = {
 }
 
 
-def _options(num_warps: int) -> dict:
+def _options(compile_options: dict) -> dict:
     """Compile options, with the debug settings Triton's JIT would add from the environment.
     No fp fusion: eager rounds every op's result, so a*b - c must not become one fma (where c
     is a*b's own rounded value, x - mean over one element, the fma leaves the rounding error);
@@ -224,39 +297,39 @@ def _options(num_warps: int) -> dict:
     from triton import knobs
 
     return {
-        "num_warps": num_warps,
+        **compile_options,
         "debug": bool(knobs.runtime.debug),
         "enable_fp_fusion": False,
         "instrumentation_mode": knobs.compilation.instrumentation_mode,
     }
 
 
-def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple,
+def compile_args(kernel: Kernel, path: Path, config: tuple, target: tuple,
                  any_alignment: bool = False) -> compile_pool.CompileArgs:
     """triton.compile's arguments for one launch configuration of a kernel, specialized as
     the JIT specializes tensors that are all 16-byte aligned (the direct launch's condition),
     unless the kernel's rows are not (see below) or any_alignment asks for a binary that
     takes tensors at any address."""
-    xblock, rblock, warps = config
+    constants = constexprs(kernel, config)
     signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
-    signature.update(XBLOCK="constexpr", RBLOCK="constexpr", ALIGNED="constexpr")
+    signature.update({name: "constexpr" for name in constants})
     from kiln.codegen.triton import assumes_aligned_tensors
 
     aligned = assumes_aligned_tensors(kernel) and not any_alignment
     attrs = {(i,): triton_abi.aligned_attr(target) for i in range(len(kernel.params))} if aligned else {}
-    constants = {"XBLOCK": xblock, "RBLOCK": rblock, "ALIGNED": aligned}
+    if "ALIGNED" in constants:
+        constants["ALIGNED"] = aligned
     return compile_pool.CompileArgs(
-        str(path), kernel.name, signature, constants, attrs, tuple(target), _options(warps)
+        str(path), kernel.name, signature, constants, attrs, tuple(target),
+        _options(_compile_options(kernel, config))
     )
 
 
 def compile_for_target(kernel: Kernel, source: str, arch: int = 90, warp_size: int = 32):
     """Compile a generated kernel for a CUDA architecture without a GPU (ahead of time)."""
-    from kiln.codegen.triton import launch_config
-
     _, path, _ = _load(kernel, source)
     return _compile_at_register_budgets(
-        [compile_args(kernel, path, launch_config(kernel, False), ("cuda", arch, warp_size))]
+        [compile_args(kernel, path, launch_configs(kernel, False)[0], ("cuda", arch, warp_size))]
     )[0]
 
 
@@ -277,7 +350,7 @@ def any_alignment_binaries(jobs: list[tuple[Kernel, str, Config]],
     """Per (kernel, source, configuration), its binary compiled for tensors at any address
     (what an artifact launches when a caller's tensor is off a 16-byte boundary), compiled
     together (in parallel); None where the kernel's binaries take any address already."""
-    from kiln.codegen.triton import assumes_aligned_tensors, grid
+    from kiln.codegen.triton import assumes_aligned_tensors
 
     wanted = [(kernel, source, config) for kernel, source, config in jobs if assumes_aligned_tensors(kernel)]
     args = [compile_args(kernel, _load(kernel, source)[1], config, target, any_alignment=True)
@@ -287,7 +360,8 @@ def any_alignment_binaries(jobs: list[tuple[Kernel, str, Config]],
     for kernel, _, config in jobs:
         binary = None
         if kernel.name in compiled:
-            found = binaries_of({config: compiled[kernel.name]}, functools.partial(grid, kernel), kernel.name)
+            found = binaries_of({config: compiled[kernel.name]}, functools.partial(launch_grid, kernel),
+                                kernel.name)
             binary = found[0] if isinstance(found, list) else None
         out.append(binary)
     return out
@@ -309,5 +383,6 @@ def launchers_from_binaries(kernels: list[Kernel], sources: list[str],
         record = _source_entry(kernel, source).path.with_suffix(".tune.json")
         load_jit = functools.partial(_jit_function, kernel, source)
         variants = {b.config: b for b in stored}
-        launchers.append(BinaryLauncher(kernel.name, variants, record, load_jit=load_jit))
+        launchers.append(BinaryLauncher(kernel.name, variants, record, load_jit=load_jit,
+                                        jit_kwargs=functools.partial(jit_kwargs, kernel)))
     return launchers
