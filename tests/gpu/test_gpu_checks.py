@@ -63,3 +63,24 @@ def test_integer_division_by_zero_does_not_raise():
     nonzero = b != 0
     expected = torch.div(a, b, rounding_mode="floor") + 1
     assert torch.equal(out[nonzero], expected[nonzero])
+
+
+def test_a_training_step_with_index_checks_runs_compiled():
+    """A training graph is compiled inside AOTAutograd's fake mode: what the program keeps of
+    its checks must be real tensors, or its first call fails and the graph runs in ATen."""
+    from kiln import errors
+
+    def step(logits, targets):
+        loss = torch.nn.functional.cross_entropy(logits.float(), targets)
+        loss.backward()
+        return loss
+
+    logits = torch.randn(64, 300, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 300, (64,), device="cuda")
+    targets[::7] = -100  # ignored rows
+    reference = logits.detach().clone().requires_grad_()
+    with errors.collect() as fallbacks:
+        loss = kiln.compile(step)(logits, targets)
+    assert not [f for f in fallbacks if f.scope == "graph"], fallbacks
+    assert_same(loss, step(reference, targets))
+    assert_same(logits.grad, reference.grad)

@@ -209,13 +209,23 @@ def _check_errors(e: _Emitter, i: CheckErrors) -> None:
         if rows:
             e.helper("assert_async", torch._assert_async)
             e.helper("checks_message", host_ops.checks_message(checks))
-            e.helper("index_flags", torch.tensor([SLOTS_PER_CHECK * r for r in rows],
-                                                 device=torch.device(e.program.device)))
-            e.emit("assert_async(errors[index_flags].eq(0).all(), checks_message)")
+            e.emit(f"assert_async(errors[{_index_flags(e, rows)}].eq(0).all(), checks_message)")
     else:  # one read of the errors per call, after all launches
         e.helper("raise_reported", host_ops.raise_reported)
         e.emit("if errors.any():")
         e.emit("    raise_reported(errors, checks)")
+
+
+def _index_flags(e: _Emitter, rows: list[int]) -> str:
+    """The index of the flags of the checks in rows among the error slots: a strided slice
+    where the rows run in a sequence (no tensor), else a tensor of their positions. That tensor
+    is made outside any fake or functional mode of the compile, since the program runs on the
+    real error slots."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return f"{SLOTS_PER_CHECK * rows[0]}:{SLOTS_PER_CHECK * (rows[-1] + 1)}:{SLOTS_PER_CHECK}"
+    with torch.utils._python_dispatch._disable_current_modes():
+        flags = torch.tensor([SLOTS_PER_CHECK * r for r in rows], device=torch.device(e.program.device))
+    return e.helper("index_flags", flags)
 
 
 def _return(e: _Emitter, i: Return) -> None:
