@@ -55,6 +55,10 @@ def _load(kernel: Kernel, source: str):
 def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
     from kiln.codegen.triton import grid, launch_config
 
+    if kernel.sizes:  # a shape family's: its grid is computed per call
+        from kiln.runtime.triton_family import interpreted_launcher
+
+        return interpreted_launcher(kernel, jit_fn, launch_config(kernel, True))
     xblock, rblock, warps = launch_config(kernel, True)
     launcher = jit_fn[grid(kernel, (xblock, rblock, warps))]
 
@@ -81,6 +85,9 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
     all_variants = compile_variants(kernels, _current_target(), autotune)
     builds = []
     for (kernel, path), (jit_fn, _, cached), variants in zip(kernels, loaded, all_variants):
+        if kernel.sizes:
+            builds.append(TritonBuild(_family_launcher(kernel, path, jit_fn, variants), cached))
+            continue
         launcher = TunedLauncher(
             kernel.name,
             functools.partial(grid, kernel),
@@ -96,19 +103,38 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
 
 def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune: bool = False) -> list[dict]:
     """Per kernel (loaded from path), {config: CompiledKernel} for target's (backend, arch,
-    warp_size): the heuristic's launch configuration, or with autotune every candidate."""
+    warp_size): the heuristic's launch configuration, or with autotune every candidate.
+    A family's kernel (with sizes) gets its heuristic configuration's binaries for the
+    variants runtime/triton_family.py compiles with the graph, keyed by variant."""
     from kiln.codegen.triton import candidate_configs, launch_config
+    from kiln.runtime.triton_family import COMPILED_WITH_THE_GRAPH
 
     configs = [
-        candidate_configs(kernel) if autotune else [launch_config(kernel, False)] for kernel, _ in kernels
+        COMPILED_WITH_THE_GRAPH if kernel.sizes else candidate_configs(kernel) if autotune
+        else [launch_config(kernel, False)] for kernel, _ in kernels
     ]
     jobs = [
-        compile_args(kernel, path, config, target)
+        compile_args(kernel, path, launch_config(kernel, False), target, *c) if kernel.sizes
+        else compile_args(kernel, path, c, target)
         for (kernel, path), cs in zip(kernels, configs)
-        for config in cs
+        for c in cs
     ]
     compiled = iter(_compile_at_register_budgets(jobs))
-    return [{config: next(compiled) for config in cs} for cs in configs]
+    return [{c: next(compiled) for c in cs} for cs in configs]
+
+
+def _family_launcher(kernel: Kernel, path: Path, jit_fn, binaries: dict) -> Callable:
+    """A family's kernel launched at any of its sizes (runtime/triton_family.py); a variant
+    not compiled with the graph compiles at the first launch that needs it."""
+    from kiln.codegen.triton import assumes_aligned_tensors, launch_config
+    from kiln.runtime.triton_family import FamilyLauncher
+
+    config, target = launch_config(kernel, False), _current_target()
+
+    def compile_variant(key):
+        return _compile_at_register_budgets([compile_args(kernel, path, config, target, *key)])[0]
+
+    return FamilyLauncher(kernel, config, jit_fn, compile_variant, binaries, assumes_aligned_tensors(kernel))
 
 
 # An SM holds 65536 registers and 2048 threads (in at most 32 programs) and gives a warp its
@@ -244,18 +270,27 @@ def _options(num_warps: int) -> dict:
     }
 
 
-def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple) -> compile_pool.CompileArgs:
+def compile_args(kernel: Kernel, path: Path, config: Config, target: tuple, wide: bool = False,
+                 sizes_of_16: bool = False) -> compile_pool.CompileArgs:
     """triton.compile's arguments for one launch configuration of a kernel, specialized as
     the JIT specializes tensors that are all 16-byte aligned (the direct launch's condition),
-    unless the kernel's rows are not (see below)."""
+    unless the kernel's rows are not (see below). A family's kernel takes its sizes as int32
+    (int64 when wide: WIDE makes its indices int64 too), each assumed a multiple of 16 with
+    sizes_of_16, as the JIT specializes such ints (runtime/triton_family.py chooses per launch)."""
     xblock, rblock, warps = config
     signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
+    signature.update({f"ks{i}": "i64" if wide else "i32" for i in range(len(kernel.sizes))})
     signature.update(XBLOCK="constexpr", RBLOCK="constexpr", ALIGNED="constexpr")
     from kiln.codegen.triton import assumes_aligned_tensors
 
     aligned = assumes_aligned_tensors(kernel)
     attrs = {(i,): _aligned_attr(target) for i in range(len(kernel.params))} if aligned else {}
+    if sizes_of_16:
+        attrs.update({(len(kernel.params) + i,): _aligned_attr(target) for i in range(len(kernel.sizes))})
     constants = {"XBLOCK": xblock, "RBLOCK": rblock, "ALIGNED": aligned}
+    if kernel.sizes:
+        signature["WIDE"] = "constexpr"
+        constants["WIDE"] = wide
     return compile_pool.CompileArgs(
         str(path), kernel.name, signature, constants, attrs, tuple(target), _options(warps)
     )

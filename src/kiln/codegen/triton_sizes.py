@@ -1,0 +1,98 @@
+"""Sizes of a shape family in Triton kernels (docs/dynamic_shapes.md).
+
+A kernel of a family takes its sizes as plain int arguments ks0, ks1, ... after its buffers
+(Kernel.sizes). Three kinds of choice read them:
+- what the source says (loop bounds, masks, index arithmetic): the symbols themselves, so one
+  source serves every size;
+- launch configurations (block sizes): the traced example's sizes (hint), a choice of speed;
+- what decides correctness at a size is made per launch: the grid, and whether index
+  arithmetic runs in int64 (the WIDE constexpr, a second binary) because an index of this
+  launch may reach 2^31.
+Each size argument a binary assumes a multiple of 16 is Triton's own specialization of int
+arguments, which the direct launch reproduces (runtime/triton_family.py): it is what lets
+masks and row starts over symbolic extents load whole vectors.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import sympy
+
+from kiln.ir import kernel as k
+from kiln.ir import sizes
+
+INDEX_LIMIT = 2**31 - 1  # the largest index int32 arithmetic holds
+
+
+def sz(s: sizes.Size) -> str:
+    """A size as Triton source: an int, or an expression over the kernel's ks0, ks1, ..."""
+    return sizes.render(s, lang="python")
+
+
+def is_family(kernel: k.Kernel) -> bool:
+    """Whether a kernel takes sizes as arguments (and its source names them)."""
+    return bool(kernel.sizes)
+
+
+def size_names(kernel: k.Kernel) -> list[str]:
+    return [f"ks{i}" for i in range(len(kernel.sizes))]
+
+
+def hinted(kernel: k.Kernel, s: sizes.Size) -> int:
+    """A size of the kernel (over ks0, ...) at the traced example: for choices of speed only."""
+    if not sizes.is_symbolic(s):
+        return int(s)
+    traced = {k.size_param(i): sym for i, sym in enumerate(kernel.sizes)}
+    return sizes.hint(sympy.sympify(s).xreplace(traced))
+
+
+def size_function(kernel: k.Kernel, body: str) -> Callable:
+    """A Python function of the kernel's size arguments computing `body` (source over ks0, ...)."""
+    params = ", ".join(size_names(kernel))
+    return eval(f"lambda {params}: {body}", {"max": max, "min": min})  # noqa: S307 - our own source
+
+
+def index_extremes(kernel: k.Kernel) -> list[sizes.Size] | None:
+    """The largest magnitudes the kernel's indices reach, as sizes; None where one is unbounded
+    (an index loaded from memory): such a kernel always computes indices in int64."""
+    points = kernel.outer_numel * kernel.reduce_numel if kernel.reduce else kernel.outer_numel
+    out: list[sizes.Size] = [points]
+    for st in kernel.stages:
+        for s in st.body:
+            if isinstance(s, (k.Load, k.Store)):
+                b = s.index.bounds()
+                if b is None:
+                    return None
+                out += [b[1], -b[0]]
+    return out
+
+
+def wide_function(kernel: k.Kernel) -> Callable[..., bool]:
+    """Whether a launch at these sizes needs int64 index arithmetic (an index may reach 2^31)."""
+    extremes = index_extremes(kernel)
+    if extremes is None:
+        return lambda *_: True
+    symbolic = [e for e in extremes if sizes.is_symbolic(e)]
+    if any(not sizes.is_symbolic(e) and e >= INDEX_LIMIT for e in extremes):
+        return lambda *_: True
+    if not symbolic:
+        return lambda *_: False
+    return size_function(kernel, f"max({', '.join(sz(e) for e in symbolic)}, 0) >= {INDEX_LIMIT}")
+
+
+def grid_function(kernel: k.Kernel, config: tuple[int, int, int]) -> Callable[..., tuple[int, int, int]]:
+    """The grid of a launch at these sizes (codegen/triton.py's grid, computed per launch)."""
+    from kiln.codegen.triton import grid
+
+    g = grid(kernel, config)
+    return size_function(kernel, "(" + ", ".join(sz(d) for d in g) + ",)")
+
+
+def ceil_div(n: sizes.Size, d: int) -> sizes.Size:
+    """n / d rounded up, as a size (exact for every size of the family)."""
+    if not sizes.is_symbolic(n):
+        return (int(n) + d - 1) // d
+    from torch.utils._sympy.functions import FloorDiv
+
+    return FloorDiv(n + d - 1, d)
