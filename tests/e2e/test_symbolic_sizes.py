@@ -196,6 +196,31 @@ def test_explain_lists_the_shape_family():
 
     text = str(kiln.explain(f, randn(BATCH, 17), options={"dynamic": True}))
     assert "shape family: " in text and "(traced 17)" in text, text
+    if TRITON:  # what the kernel decided about its sizes, and why
+        assert "sizes   kiln_" in text and "(no one block fits every length)" in text, text
+
+
+@pytest.mark.skipif(not TRITON, reason="Triton's launch decisions")
+def test_triton_launches_decide_grid_and_index_width_from_the_sizes():
+    from kiln.codegen.triton_sizes import grid_function, wide_function
+    from kiln.frontend.backend import REPORTS
+    from kiln.ir.kernel import size_params
+    from kiln.runtime.triton_family import variant_key
+
+    def f(x):
+        return torch.tanh(x) * 2
+
+    compiled = kiln.compile(f, dynamic=True)
+    before = len(REPORTS)
+    assert_same(compiled(randn(BATCH, 17)), f(randn(BATCH, 17)))
+    (kernel,) = [size_params(k) for k in REPORTS[before].kernels]
+    assert len(kernel.sizes) == 2  # both dims of x
+    wide = wide_function(kernel)
+    assert not wide(4, 17) and not wide(2**15, 2**15) and wide(2**16, 2**15)  # 2^31 elements
+    grid = grid_function(kernel, (128, 1, 4))
+    assert grid(4, 17) == (1, 1, 1) and grid(4, 1000) == (32, 1, 1)
+    assert variant_key(False, (16, 32)) == (False, True) and variant_key(False, (16, 17)) == (False, False)
+    assert variant_key(True, (16, 32)) == (True, False)  # the wide binary assumes nothing of its sizes
 
 
 def test_training_with_varying_lengths_compiles_forward_and_backward_once():

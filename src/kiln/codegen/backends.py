@@ -33,6 +33,8 @@ class Backend:
     split_small_addmm: bool = False
     # independent point-wise kernels one launch runs (ir/group.py); below 2, none are grouped
     group_members: int = 0
+    # what a shape family's kernel decided about its sizes (a reason kiln.explain shows)
+    size_choices: Callable[[Kernel], str] | None = None
 
 
 def _cpp(options) -> Backend:
@@ -52,7 +54,7 @@ def _cpp(options) -> Backend:
 
 def _triton(options) -> Backend:
     from kiln.codegen import triton as tr
-    from kiln.codegen import triton_group, triton_math
+    from kiln.codegen import triton_group, triton_math, triton_sizes
     from kiln.runtime import triton_build
 
     def build(kernels, sources):
@@ -63,7 +65,8 @@ def _triton(options) -> Backend:
     unsupported = triton_math.INTERPRETER_UNSUPPORTED if triton_math.INTERPRETED else frozenset()
     # a persistent row lives in registers: keeping it is free, re-reading it is not
     return Backend("triton", "Triton", triton_group.render_source, build, False, tr.PERSISTENT_MAX, True,
-                   unsupported, tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True, group_members=16)
+                   unsupported, tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True, group_members=16,
+                   size_choices=triton_sizes.family_choices)
 
 
 _FACTORIES = {"cpp": _cpp, "triton": _triton}

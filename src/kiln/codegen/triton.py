@@ -19,7 +19,15 @@ from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, FloorDiv, Sym
 from kiln.ir.kernel import compute_dtype
-from kiln.ir.sizes import UNBACKED_HINT, exact_div, is_symbolic, known_divides, known_le
+from kiln.ir.sizes import (
+    UNBACKED_HINT,
+    NeedsNumber,
+    exact_div,
+    is_symbolic,
+    known_divides,
+    known_eq,
+    known_le,
+)
 
 # An element-wise kernel's mask must not change inside a 16-byte vector (at most 16 elements)
 # for Triton to load whole vectors.
@@ -252,10 +260,13 @@ class _Renderer:
         self.scratch = {sc.name for sc in kernel.scratch}
         self.persistent = is_persistent(kernel)
         if kernel.scratch and not self.persistent:
+            if is_symbolic(kernel.reduce_numel):  # no block fits every length of the row
+                raise NeedsNumber(f"{kernel.name} keeps rows of length {kernel.reduce_numel} in registers")
             raise TritonUnsupported("row arrays need a persistent reduction")
         self.wide = _needs_int64(kernel)
         self.split = split_rows(kernel)
         self.only_stored = k.only_stored(kernel)
+        self.flat = not kernel.reduce and not row_tiled(kernel)  # over the flat index xindex
         # with split rows, a row stage is rendered twice: over the body's lanes, then over the
         # edge's, whose row-wise values are named with an _e suffix
         self.edge = False
@@ -307,6 +318,8 @@ class _Renderer:
         only_stored = isinstance(s, k.Compute) and s.out in self.only_stored
         if self.edge:
             s = self._edge_copy(s)
+        if self.flat and getattr(s, "index", None) is not None:
+            s = replace(s, index=self._flat_index(s.index))
         if isinstance(s, k.Load):
             self.types[s.out] = s.dtype
             if s.buf in self.scratch:
@@ -349,6 +362,22 @@ class _Renderer:
                 index = ix.as_expr(SLOTS_PER_CHECK * s.site + slot)
                 ptr, mask = self._address(ERROR_PARAM, index, s.cond, in_loop, store=True)
                 self.emit(depth, f"tl.store({ptr}, {value}.to(tl.int64), mask={mask})")
+
+    def _flat_index(self, index: Expr) -> Expr:
+        """An index that walks the domain in row-major order (x0 * n1 + x1 + c) as xindex + c:
+        no division recovers the coordinates it would only recombine (a family's extents
+        would make them divisions by run-time values)."""
+        outer = self.k.outer
+        nested = any(not isinstance(a, Sym) and a.arg.symbols() & set(outer) for a, _ in index.terms)
+        if len(outer) < 2 or nested:
+            return index
+        stride = 1
+        for x in reversed(outer):
+            if not known_eq(index.coef(x), stride):
+                return index
+            stride = stride * x.extent
+        rest = ix.Expr(tuple((a, c) for a, c in index.terms if a not in outer), index.const)
+        return rest + ix.sym("xindex")
 
     def _stored(self, s: k.Store) -> str:
         """The value converted to the buffer's storage type."""

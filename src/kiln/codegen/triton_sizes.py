@@ -96,3 +96,22 @@ def ceil_div(n: sizes.Size, d: int) -> sizes.Size:
     from torch.utils._sympy.functions import FloorDiv
 
     return FloorDiv(n + d - 1, d)
+
+
+def family_choices(kernel: k.Kernel) -> str:
+    """What a family's kernel decided about its sizes, and why (kiln.explain shows it)."""
+    from kiln.codegen.triton import is_persistent, launch_config, row_tiled
+
+    names = ", ".join(f"ks{i} = {s} (traced {sizes.hint(s)})" for i, s in enumerate(kernel.sizes))
+    xblock, rblock, warps = launch_config(kernel, False)
+    parts = [f"sizes {names} are arguments"]
+    if kernel.reduce and sizes.is_symbolic(kernel.reduce_numel):
+        parts.append(f"rows of length {kernel.reduce_numel} are looped (no one block fits every length)")
+    elif kernel.reduce:
+        parts.append("whole rows in one block" if is_persistent(kernel) else "rows looped")
+    elif not row_tiled(kernel) and len(kernel.outer) > 1 and not sizes.is_symbolic(kernel.outer[-1].extent):
+        parts.append("one flat index (the lines' count is not known to fit a grid's second dimension)")
+    parts.append(f"XBLOCK {xblock}, RBLOCK {rblock}, {warps} warps from the traced example")
+    parts.append("grid and int64 indexing per launch; binaries for sizes that are multiples of 16 and "
+                 "for any sizes")
+    return "; ".join(parts)
