@@ -37,21 +37,33 @@ COMPILE = textwrap.dedent("""
     import pickle, sys
     from kiln.codegen import triton as tr
     from kiln.runtime import compile_pool, triton_build
+    from kiln.codegen.triton_sizes import launch_variants
     from kiln.runtime.triton_family import COMPILED_WITH_THE_GRAPH
 
+    import sympy
+
+    from kiln.ir import sizes
+
+    # outside its compile a size has no traced value: the example's (19) stands in
+    sizes.hint = lambda s: int(sympy.sympify(s).subs({x: 19 for x in sympy.sympify(s).free_symbols}))
     target = ("cuda", 90, 32)
+    long_rows = 0
     for kern in pickle.load(open(sys.argv[1], "rb")):
         _, path, _ = triton_build._load(kern, tr.render_source(kern))
-        config = tr.launch_config(kern, False)
+        configs, _ = launch_variants(kern, False)
+        longer = [(i, False, False) for i in range(1, len(configs))]  # long rows' blocks
+        keys = [*COMPILED_WITH_THE_GRAPH, (0, True, False), *longer]
+        long_rows += len(configs) - 1
         ptx = {}
-        for key in (*COMPILED_WITH_THE_GRAPH, (True, False)):
-            job = triton_build.compile_args(kern, path, config, target, *key)
+        for key in keys:
+            job = triton_build.family_compile_args(kern, path, target, key)
             ptx[key] = compile_pool.compile_in_process(job).asm["ptx"]
         # int64 indices only where a launch asks for them
-        assert ptx[(True, False)].count(".s64") > ptx[(False, False)].count(".s64"), kern.name
+        assert ptx[(0, True, False)].count(".s64") > ptx[(0, False, False)].count(".s64"), kern.name
         if not kern.reduce:  # an element-wise kernel over sizes of 16 loads whole vectors
-            assert "ld.global.v4" in ptx[(False, True)], kern.name
+            assert "ld.global.v4" in ptx[(0, False, True)], kern.name
         print("compiled", kern.name)
+    assert long_rows, "no looped row of symbolic length"
 """)
 
 

@@ -219,8 +219,70 @@ def test_triton_launches_decide_grid_and_index_width_from_the_sizes():
     assert not wide(4, 17) and not wide(2**15, 2**15) and wide(2**16, 2**15)  # 2^31 elements
     grid = grid_function(kernel, (128, 1, 4))
     assert grid(4, 17) == (1, 1, 1) and grid(4, 1000) == (32, 1, 1)
-    assert variant_key(False, (16, 32)) == (False, True) and variant_key(False, (16, 17)) == (False, False)
-    assert variant_key(True, (16, 32)) == (True, False)  # the wide binary assumes nothing of its sizes
+    assert variant_key(0, False, (16, 32)) == (0, False, True) and variant_key(0, False, (16, 17))[2] is False
+    assert variant_key(0, True, (16, 32)) == (0, True, False)  # the wide binary assumes nothing of its sizes
+
+
+@pytest.mark.skipif(not TRITON, reason="Triton's launch decisions")
+def test_a_family_launch_picks_its_binary_from_the_sizes(monkeypatch):
+    """FamilyLauncher's dispatch, with the GPU launch replaced by a record of what would run."""
+    from kiln.frontend.backend import REPORTS
+    from kiln.ir.kernel import size_params
+    from kiln.runtime import triton_family
+
+    compiled = kiln.compile(lambda x: torch.relu(x) + 1, dynamic=True)
+    before = len(REPORTS)
+    compiled(randn(BATCH, 17))
+    (kernel,) = [size_params(k) for k in REPORTS[before].kernels]
+    ran, compiles = [], []
+    monkeypatch.setattr(triton_family, "_launcher",
+                        lambda binary, constants: lambda grid, args: ran.append((binary, constants[3], grid)))
+
+    def compile_variant(key):
+        compiles.append(key)
+        return key
+
+    binaries = {key: key for key in triton_family.COMPILED_WITH_THE_GRAPH}
+    launcher = triton_family.FamilyLauncher(kernel, None, compile_variant, binaries, True)
+    assert launcher.configs == ((1024, 1, 4),)  # the heuristic's at the traced example on a GPU
+    x = object()  # tensors pass through untouched to the launch
+    launcher.aligned(x, x, 16, 32)
+    launcher.aligned(x, x, 4, 17)
+    launcher.aligned(x, x, 2**16, 2**15)  # 2^31 elements: int64 indices, compiled once
+    launcher.aligned(x, x, 2**16, 2**15 + 1)
+    assert [r[0] for r in ran] == [(0, False, True), (0, False, False), (0, True, False), (0, True, False)]
+    assert compiles == [(0, True, False)] and [r[1] for r in ran] == [False, False, True, True]
+    assert ran[0][2] == (1, 1, 1) and ran[2][2] == (2**31 // 1024, 1, 1)
+
+
+@pytest.mark.skipif(not TRITON, reason="Triton's launch decisions")
+def test_long_rows_of_a_family_take_a_wider_block(monkeypatch):
+    import sympy
+
+    from kiln.codegen.triton_sizes import LONG_ROW_BLOCK, LONG_ROWS, launch_variants
+    from kiln.frontend.backend import REPORTS
+    from kiln.ir import sizes
+    from kiln.ir.kernel import size_params
+
+    def f(x):
+        return torch.softmax(x, -1)
+
+    compiled = kiln.compile(f, dynamic=True)
+    before = len(REPORTS)
+    for n in (17, 3000):  # a row longer than LONG_ROWS blocks of the traced one's
+        assert_same(compiled(randn(BATCH, n)), f(randn(BATCH, n)))
+    assert_one_family()
+    (kernel,) = [size_params(k) for k in REPORTS[before].kernels]
+    (decision,) = [d for d in REPORTS[before].decisions if d.verdict == "sizes"]
+    assert f"rows of {LONG_ROWS * 32} or more: XBLOCK 1, RBLOCK {LONG_ROW_BLOCK}" in decision.reason, decision
+    # outside its compile a size has no traced value: the traced row's (17) stands in
+    def at_17(s):
+        return int(sympy.sympify(s).subs({x: 17 for x in sympy.sympify(s).free_symbols}))
+
+    monkeypatch.setattr(sizes, "hint", at_17)
+    configs, choose = launch_variants(kernel, False)  # on a GPU: the traced row's block, 32
+    assert [c[1] for c in configs] == [32, LONG_ROW_BLOCK]
+    assert (choose(BATCH, 17), choose(BATCH, LONG_ROWS * 32 - 1), choose(BATCH, LONG_ROWS * 32)) == (0, 0, 1)
 
 
 def test_training_with_varying_lengths_compiles_forward_and_backward_once():

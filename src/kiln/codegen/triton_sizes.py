@@ -23,6 +23,10 @@ from kiln.ir import kernel as k
 from kiln.ir import sizes
 
 INDEX_LIMIT = 2**31 - 1  # the largest index int32 arithmetic holds
+# A looped row of symbolic length this many times its traced block or longer runs the
+# long-row variant (the largest block a looped row takes): fewer, wider steps per row.
+LONG_ROWS = 4
+LONG_ROW_BLOCK = 2048
 
 
 def sz(s: sizes.Size) -> str:
@@ -98,12 +102,30 @@ def ceil_div(n: sizes.Size, d: int) -> sizes.Size:
     return FloorDiv(n + d - 1, d)
 
 
+def launch_variants(kernel: k.Kernel, interpreted: bool) -> tuple[tuple, Callable[..., int]]:
+    """A family kernel's launch configurations, and which one a launch at these sizes takes
+    (its index). Block sizes decide speed only: every configuration is right for every size.
+    One, the traced example's, except for rows of symbolic length looped in blocks much
+    shorter than the longest: those rows LONG_ROWS times the block or longer take
+    LONG_ROW_BLOCK."""
+    from kiln.codegen.triton import is_persistent, launch_config
+
+    traced = launch_config(kernel, interpreted)
+    looped = kernel.reduce and not is_persistent(kernel) and not k.column_reduction(kernel)
+    if not looped or not sizes.is_symbolic(kernel.reduce_numel) or traced[1] >= LONG_ROW_BLOCK:
+        return (traced,), lambda *_: 0
+    long_rows = (1, LONG_ROW_BLOCK, 8)
+    at_least = LONG_ROWS * traced[1]
+    return (traced, long_rows), size_function(kernel, f"int({sz(kernel.reduce_numel)} >= {at_least})")
+
+
 def family_choices(kernel: k.Kernel) -> str:
     """What a family's kernel decided about its sizes, and why (kiln.explain shows it)."""
-    from kiln.codegen.triton import is_persistent, launch_config, row_tiled
+    from kiln.codegen.triton import is_persistent, row_tiled
 
     names = ", ".join(f"ks{i} = {s} (traced {sizes.hint(s)})" for i, s in enumerate(kernel.sizes))
-    xblock, rblock, warps = launch_config(kernel, False)
+    configs, _ = launch_variants(kernel, False)
+    (xblock, rblock, warps), *longer = configs
     parts = [f"sizes {names} are arguments"]
     if kernel.reduce and sizes.is_symbolic(kernel.reduce_numel):
         parts.append(f"rows of length {kernel.reduce_numel} are looped (no one block fits every length)")
@@ -112,6 +134,9 @@ def family_choices(kernel: k.Kernel) -> str:
     elif not row_tiled(kernel) and len(kernel.outer) > 1 and not sizes.is_symbolic(kernel.outer[-1].extent):
         parts.append("one flat index (the lines' count is not known to fit a grid's second dimension)")
     parts.append(f"XBLOCK {xblock}, RBLOCK {rblock}, {warps} warps from the traced example")
-    parts.append("grid and int64 indexing per launch; binaries for sizes that are multiples of 16 and "
-                 "for any sizes")
+    for x, r, w in longer:
+        parts.append(f"rows of {LONG_ROWS * rblock} or more: XBLOCK {x}, RBLOCK {r}, {w} warps")
+    parts.append(
+        "grid and int64 indexing per launch; binaries for sizes that are multiples of 16 and for any sizes"
+    )
     return "; ".join(parts)

@@ -58,7 +58,7 @@ def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
     if kernel.sizes:  # a shape family's: its grid is computed per call
         from kiln.runtime.triton_family import interpreted_launcher
 
-        return interpreted_launcher(kernel, jit_fn, launch_config(kernel, True))
+        return interpreted_launcher(kernel, jit_fn)
     xblock, rblock, warps = launch_config(kernel, True)
     launcher = jit_fn[grid(kernel, (xblock, rblock, warps))]
 
@@ -114,7 +114,7 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
         else [launch_config(kernel, False)] for kernel, _ in kernels
     ]
     jobs = [
-        compile_args(kernel, path, launch_config(kernel, False), target, *c) if kernel.sizes
+        family_compile_args(kernel, path, target, c) if kernel.sizes
         else compile_args(kernel, path, c, target)
         for (kernel, path), cs in zip(kernels, configs)
         for c in cs
@@ -126,15 +126,23 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
 def _family_launcher(kernel: Kernel, path: Path, jit_fn, binaries: dict) -> Callable:
     """A family's kernel launched at any of its sizes (runtime/triton_family.py); a variant
     not compiled with the graph compiles at the first launch that needs it."""
-    from kiln.codegen.triton import assumes_aligned_tensors, launch_config
+    from kiln.codegen.triton import assumes_aligned_tensors
     from kiln.runtime.triton_family import FamilyLauncher
 
-    config, target = launch_config(kernel, False), _current_target()
+    target = _current_target()
 
     def compile_variant(key):
-        return _compile_at_register_budgets([compile_args(kernel, path, config, target, *key)])[0]
+        return _compile_at_register_budgets([family_compile_args(kernel, path, target, key)])[0]
 
-    return FamilyLauncher(kernel, config, jit_fn, compile_variant, binaries, assumes_aligned_tensors(kernel))
+    return FamilyLauncher(kernel, jit_fn, compile_variant, binaries, assumes_aligned_tensors(kernel))
+
+
+def family_compile_args(kernel: Kernel, path: Path, target: tuple, key: tuple) -> compile_pool.CompileArgs:
+    """compile_args for one binary of a family's kernel (runtime/triton_family.VariantKey)."""
+    from kiln.codegen.triton_sizes import launch_variants
+
+    configs, _ = launch_variants(kernel, False)
+    return compile_args(kernel, path, configs[key[0]], target, key[1], key[2])
 
 
 # An SM holds 65536 registers and 2048 threads (in at most 32 programs) and gives a warp its

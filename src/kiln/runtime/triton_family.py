@@ -1,11 +1,12 @@
 """Launching a Triton kernel of a shape family: its tensors, then its sizes (ks0, ...).
 
-Per launch, from the sizes: the grid; whether indices need int64 (WIDE); and whether every
-size is a multiple of 16, as Triton's JIT specializes int arguments. Those two choices pick
-one of the kernel's binaries: (narrow, sizes of 16) and (narrow, any sizes) are compiled with
-the graph, a wide one at the first launch that needs it (tensors of 2^31 elements and more).
-The launch configuration (block sizes) is the traced example's and the same for every size:
-the source is right for every size under it.
+Per launch, from the sizes: the launch configuration (codegen/triton_sizes.launch_variants:
+the traced example's, or for long rows of symbolic length a wider block), the grid, whether
+indices need int64 (WIDE), and whether every size is a multiple of 16, as Triton's JIT
+specializes int arguments. Those pick one of the kernel's binaries: the traced configuration's
+(narrow, sizes of 16) and (narrow, any sizes) are compiled with the graph, any other at the
+first launch that needs it (a wide one: tensors of 2^31 elements and more). Every binary is
+right for every size it is launched at; the choice is one of speed.
 """
 
 from __future__ import annotations
@@ -15,17 +16,17 @@ from typing import Any
 
 import torch
 
-from kiln.codegen.triton_sizes import grid_function, wide_function
+from kiln.codegen.triton_sizes import grid_function, launch_variants, wide_function
 from kiln.ir.kernel import Kernel
-from kiln.runtime.autotune import Config
 
-VariantKey = tuple[bool, bool]  # (WIDE: int64 indices, every size a multiple of 16)
-COMPILED_WITH_THE_GRAPH: tuple[VariantKey, ...] = ((False, True), (False, False))
+# (launch configuration's index, WIDE: int64 indices, every size a multiple of 16)
+VariantKey = tuple[int, bool, bool]
+COMPILED_WITH_THE_GRAPH: tuple[VariantKey, ...] = ((0, False, True), (0, False, False))
 
 
-def variant_key(wide: bool, sizes: tuple[int, ...]) -> VariantKey:
+def variant_key(config: int, wide: bool, sizes: tuple[int, ...]) -> VariantKey:
     """The binary a launch at these sizes runs (a wide one assumes nothing of its sizes)."""
-    return wide, not wide and all(s % 16 == 0 for s in sizes)
+    return config, wide, not wide and all(s % 16 == 0 for s in sizes)
 
 
 class FamilyLauncher:
@@ -36,16 +37,15 @@ class FamilyLauncher:
     def __init__(
         self,
         kernel: Kernel,
-        config: Config,
         jit_fn,
         compile_variant: Callable[[VariantKey], Any],
         binaries: dict[VariantKey, Any],
         assumes_aligned: bool,
     ):
         self.__name__ = kernel.name
-        self.config = config
         self.n_tensors = len(kernel.params)
-        self.grid = grid_function(kernel, config)
+        self.configs, self.choose = launch_variants(kernel, False)
+        self.grids = [grid_function(kernel, c) for c in self.configs]
         self.needs_wide = wide_function(kernel)
         self.jit_fn = jit_fn
         self.compile_variant = compile_variant
@@ -55,15 +55,16 @@ class FamilyLauncher:
         }
 
     def _launcher(self, key: VariantKey, compiled) -> Callable:
-        xblock, rblock, _ = self.config
-        return _launcher(compiled, (xblock, rblock, self.assumes_aligned, key[0]))
+        xblock, rblock, _ = self.configs[key[0]]
+        return _launcher(compiled, (xblock, rblock, self.assumes_aligned, key[1]))
 
     def aligned(self, *args) -> None:
         sizes = args[self.n_tensors :]
-        g = self.grid(*sizes)
+        config = self.choose(*sizes)
+        g = self.grids[config](*sizes)
         if 0 in g:  # no programs: nothing to compute (CUDA refuses an empty grid)
             return
-        key = variant_key(self.needs_wide(*sizes), sizes)
+        key = variant_key(config, self.needs_wide(*sizes), sizes)
         launch = self.launches.get(key)
         if launch is None:
             launch = self.launches[key] = self._launcher(key, self.compile_variant(key))
@@ -75,9 +76,10 @@ class FamilyLauncher:
             self.aligned(*args)
             return
         sizes = args[self.n_tensors :]
-        g = self.grid(*sizes)
+        config = self.choose(*sizes)
+        g = self.grids[config](*sizes)
         if 0 not in g:
-            x, r, w = self.config
+            x, r, w = self.configs[config]
             wide = self.needs_wide(*sizes)
             self.jit_fn[g](*args, XBLOCK=x, RBLOCK=r, ALIGNED=False, WIDE=wide, num_warps=w)
 
@@ -109,19 +111,20 @@ def _launcher(compiled, constants: tuple) -> Callable:
     return launch
 
 
-def interpreted_launcher(kernel: Kernel, jit_fn, config: Config) -> Callable:
-    """The same launch through Triton's interpreter: the grid and WIDE per call."""
-    grid, needs_wide = grid_function(kernel, config), wide_function(kernel)
+def interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
+    """The same launch through Triton's interpreter: configuration, grid and WIDE per call."""
+    configs, choose = launch_variants(kernel, True)
+    grids = [grid_function(kernel, c) for c in configs]
+    needs_wide = wide_function(kernel)
     n_tensors = len(kernel.params)
-    xblock, rblock, warps = config
 
     def launch(*args):
         sizes = args[n_tensors:]
-        g = grid(*sizes)
+        config = choose(*sizes)
+        g = grids[config](*sizes)
         if 0 not in g:
-            jit_fn[g](
-                *args, XBLOCK=xblock, RBLOCK=rblock, ALIGNED=False, WIDE=needs_wide(*sizes), num_warps=warps
-            )
+            x, r, w = configs[config]
+            jit_fn[g](*args, XBLOCK=x, RBLOCK=r, ALIGNED=False, WIDE=needs_wide(*sizes), num_warps=w)
 
     launch.__name__ = kernel.name
     launch.aligned = launch  # the interpreter needs no alignment
