@@ -38,7 +38,6 @@ COMPILE = textwrap.dedent("""
     from kiln.codegen import triton as tr
     from kiln.runtime import compile_pool, triton_build
     from kiln.codegen.triton_sizes import launch_variants
-    from kiln.runtime.triton_family import COMPILED_WITH_THE_GRAPH
 
     import sympy
 
@@ -52,7 +51,7 @@ COMPILE = textwrap.dedent("""
         _, path, _ = triton_build._load(kern, tr.render_source(kern))
         configs, _ = launch_variants(kern, False)
         longer = [(i, False, False) for i in range(1, len(configs))]  # long rows' blocks
-        keys = [*COMPILED_WITH_THE_GRAPH, (0, True, False), *longer]
+        keys = [(0, False, True), (0, False, False), (0, True, False), *longer]
         long_rows += len(configs) - 1
         ptx = {}
         for key in keys:

@@ -224,6 +224,27 @@ def test_triton_launches_decide_grid_and_index_width_from_the_sizes():
 
 
 @pytest.mark.skipif(not TRITON, reason="Triton's launch decisions")
+def test_sizes_of_16_get_a_binary_only_where_that_can_change_it():
+    from kiln.frontend.backend import REPORTS
+    from kiln.ir.kernel import size_params
+    from kiln.runtime.triton_family import compiled_with_the_graph
+
+    def f(x):
+        return torch.tanh(x) * 2
+
+    compiled = kiln.compile(f)
+    before = len(REPORTS)
+    for n in (3, 17):
+        x = randn(BATCH, n, 16)
+        torch._dynamo.mark_dynamic(x, 1)
+        assert_same(compiled(x), f(x))
+    assert_one_family()
+    (kernel,) = [size_params(k) for k in REPORTS[before].kernels]
+    # indexed by xindex, masked by xindex < 64 * ks0: a multiple of 16 for every ks0
+    assert compiled_with_the_graph(kernel) == ((0, False, False),)
+
+
+@pytest.mark.skipif(not TRITON, reason="Triton's launch decisions")
 def test_a_family_launch_picks_its_binary_from_the_sizes(monkeypatch):
     """FamilyLauncher's dispatch, with the GPU launch replaced by a record of what would run."""
     from kiln.frontend.backend import REPORTS
@@ -242,7 +263,8 @@ def test_a_family_launch_picks_its_binary_from_the_sizes(monkeypatch):
         compiles.append(key)
         return key
 
-    binaries = {key: key for key in triton_family.COMPILED_WITH_THE_GRAPH}
+    binaries = {key: key for key in triton_family.compiled_with_the_graph(kernel)}
+    assert len(binaries) == 2  # x's sizes in its mask: for sizes of 16, and for any sizes
     launcher = triton_family.FamilyLauncher(kernel, None, compile_variant, binaries, True)
     assert launcher.configs == ((1024, 1, 4),)  # the heuristic's at the traced example on a GPU
     x = object()  # tensors pass through untouched to the launch

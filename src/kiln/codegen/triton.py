@@ -319,7 +319,7 @@ class _Renderer:
         if self.edge:
             s = self._edge_copy(s)
         if self.flat and getattr(s, "index", None) is not None:
-            s = replace(s, index=self._flat_index(s.index))
+            s = replace(s, index=flat_index(self.k, s.index))
         if isinstance(s, k.Load):
             self.types[s.out] = s.dtype
             if s.buf in self.scratch:
@@ -362,22 +362,6 @@ class _Renderer:
                 index = ix.as_expr(SLOTS_PER_CHECK * s.site + slot)
                 ptr, mask = self._address(ERROR_PARAM, index, s.cond, in_loop, store=True)
                 self.emit(depth, f"tl.store({ptr}, {value}.to(tl.int64), mask={mask})")
-
-    def _flat_index(self, index: Expr) -> Expr:
-        """An index that walks the domain in row-major order (x0 * n1 + x1 + c) as xindex + c:
-        no division recovers the coordinates it would only recombine (a family's extents
-        would make them divisions by run-time values)."""
-        outer = self.k.outer
-        nested = any(not isinstance(a, Sym) and a.arg.symbols() & set(outer) for a, _ in index.terms)
-        if len(outer) < 2 or nested:
-            return index
-        stride = 1
-        for x in reversed(outer):
-            if not known_eq(index.coef(x), stride):
-                return index
-            stride = stride * x.extent
-        rest = ix.Expr(tuple((a, c) for a, c in index.terms if a not in outer), index.const)
-        return rest + ix.sym("xindex")
 
     def _stored(self, s: k.Store) -> str:
         """The value converted to the buffer's storage type."""
@@ -635,6 +619,23 @@ class _Renderer:
                 for s in stage.body:
                     self.stmt(s, 1, stage.loop)
         return "\n".join(self.lines)
+
+
+def flat_index(kernel: k.Kernel, index: Expr) -> Expr:
+    """An element-wise kernel's index that walks its domain in row-major order (x0 * n1 + x1 + c)
+    as xindex + c: no division recovers the coordinates it would only recombine (a family's
+    extents would make them divisions by run-time values)."""
+    outer = kernel.outer
+    nested = any(not isinstance(a, Sym) and a.arg.symbols() & set(outer) for a, _ in index.terms)
+    if len(outer) < 2 or nested:
+        return index
+    stride = 1
+    for x in reversed(outer):
+        if not known_eq(index.coef(x), stride):
+            return index
+        stride = stride * x.extent
+    rest = ix.Expr(tuple((a, c) for a, c in index.terms if a not in outer), index.const)
+    return rest + ix.sym("xindex")
 
 
 def _needs_int64(kernel: k.Kernel) -> bool:

@@ -72,6 +72,48 @@ def index_extremes(kernel: k.Kernel) -> list[sizes.Size] | None:
     return out
 
 
+def divisibility_matters(kernel: k.Kernel) -> bool:
+    """Whether assuming every size a multiple of 16 can change a kernel's binary: where a size
+    appears in an index, a mask or a bound with a multiple that is not one of 16 already
+    (8192 * ks0 is one for every ks0). Kernels where it cannot get no such binary."""
+    from kiln.codegen.triton import flat_index, row_tiled
+
+    flat = not kernel.reduce and not row_tiled(kernel)
+    found: list[sizes.Size] = [kernel.outer_numel, kernel.reduce_numel]
+    used: set = set()
+    for st in kernel.stages:
+        for s in st.body:
+            index = getattr(s, "index", None)
+            if index is not None:
+                index = flat_index(kernel, index) if flat else index
+                found += _index_sizes(index)
+                used |= index.symbols()
+            if isinstance(s, k.InBounds):
+                found.append(s.size)
+    found += [x.extent for x in (*kernel.outer, *kernel.reduce) if x in used or not flat]
+    return any(_has_unaligned_term(e) for e in found)
+
+
+def _index_sizes(e) -> list[sizes.Size]:
+    out = [e.const]
+    for atom, c in e.terms:
+        out.append(c)
+        if hasattr(atom, "divisor"):
+            out += [atom.divisor, *_index_sizes(atom.arg)]
+    return out
+
+
+def _has_unaligned_term(s: sizes.Size) -> bool:
+    """A term of s with a size in it whose coefficient is not a multiple of 16."""
+    if not sizes.is_symbolic(s):
+        return False
+    for term in sympy.Add.make_args(sympy.expand(s)):
+        coeff, _ = term.as_coeff_Mul()
+        if term.free_symbols and not (coeff.is_Integer and int(coeff) % 16 == 0):
+            return True
+    return False
+
+
 def wide_function(kernel: k.Kernel) -> Callable[..., bool]:
     """Whether a launch at these sizes needs int64 index arithmetic (an index may reach 2^31)."""
     extremes = index_extremes(kernel)
@@ -136,7 +178,11 @@ def family_choices(kernel: k.Kernel) -> str:
     parts.append(f"XBLOCK {xblock}, RBLOCK {rblock}, {warps} warps from the traced example")
     for x, r, w in longer:
         parts.append(f"rows of {LONG_ROWS * rblock} or more: XBLOCK {x}, RBLOCK {r}, {w} warps")
-    parts.append(
-        "grid and int64 indexing per launch; binaries for sizes that are multiples of 16 and for any sizes"
-    )
+    parts.append("grid and int64 indexing per launch")
+    if divisibility_matters(kernel):
+        parts.append(
+            "binaries for sizes that are all multiples of 16 (Triton's int specialization) and for any"
+        )
+    else:
+        parts.append("one binary for every size (no size's multiple of 16 would change it)")
     return "; ".join(parts)

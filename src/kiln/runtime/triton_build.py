@@ -107,10 +107,10 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
     A family's kernel (with sizes) gets its heuristic configuration's binaries for the
     variants runtime/triton_family.py compiles with the graph, keyed by variant."""
     from kiln.codegen.triton import candidate_configs, launch_config
-    from kiln.runtime.triton_family import COMPILED_WITH_THE_GRAPH
+    from kiln.runtime.triton_family import compiled_with_the_graph
 
     configs = [
-        COMPILED_WITH_THE_GRAPH if kernel.sizes else candidate_configs(kernel) if autotune
+        compiled_with_the_graph(kernel) if kernel.sizes else candidate_configs(kernel) if autotune
         else [launch_config(kernel, False)] for kernel, _ in kernels
     ]
     jobs = [

@@ -3,10 +3,11 @@
 Per launch, from the sizes: the launch configuration (codegen/triton_sizes.launch_variants:
 the traced example's, or for long rows of symbolic length a wider block), the grid, whether
 indices need int64 (WIDE), and whether every size is a multiple of 16, as Triton's JIT
-specializes int arguments. Those pick one of the kernel's binaries: the traced configuration's
-(narrow, sizes of 16) and (narrow, any sizes) are compiled with the graph, any other at the
-first launch that needs it (a wide one: tensors of 2^31 elements and more). Every binary is
-right for every size it is launched at; the choice is one of speed.
+specializes int arguments (only where that can change the binary: divisibility_matters).
+Those pick one of the kernel's binaries: the traced configuration's narrow ones are compiled
+with the graph, any other at the first launch that needs it (a wide one: tensors of 2^31
+elements and more). Every binary is right for every size it is launched at; the choice is
+one of speed.
 """
 
 from __future__ import annotations
@@ -16,17 +17,22 @@ from typing import Any
 
 import torch
 
-from kiln.codegen.triton_sizes import grid_function, launch_variants, wide_function
+from kiln.codegen.triton_sizes import divisibility_matters, grid_function, launch_variants, wide_function
 from kiln.ir.kernel import Kernel
 
 # (launch configuration's index, WIDE: int64 indices, every size a multiple of 16)
 VariantKey = tuple[int, bool, bool]
-COMPILED_WITH_THE_GRAPH: tuple[VariantKey, ...] = ((0, False, True), (0, False, False))
 
 
-def variant_key(config: int, wide: bool, sizes: tuple[int, ...]) -> VariantKey:
-    """The binary a launch at these sizes runs (a wide one assumes nothing of its sizes)."""
-    return config, wide, not wide and all(s % 16 == 0 for s in sizes)
+def compiled_with_the_graph(kernel: Kernel) -> tuple[VariantKey, ...]:
+    """The binaries compiled with the graph: the traced configuration's narrow ones."""
+    return ((0, False, True), (0, False, False)) if divisibility_matters(kernel) else ((0, False, False),)
+
+
+def variant_key(config: int, wide: bool, sizes: tuple[int, ...], divisibility: bool = True) -> VariantKey:
+    """The binary a launch at these sizes runs (a wide one assumes nothing of its sizes, nor
+    does any where the sizes' divisibility changes nothing)."""
+    return config, wide, divisibility and not wide and all(s % 16 == 0 for s in sizes)
 
 
 class FamilyLauncher:
@@ -47,6 +53,7 @@ class FamilyLauncher:
         self.configs, self.choose = launch_variants(kernel, False)
         self.grids = [grid_function(kernel, c) for c in self.configs]
         self.needs_wide = wide_function(kernel)
+        self.divisibility = divisibility_matters(kernel)
         self.jit_fn = jit_fn
         self.compile_variant = compile_variant
         self.assumes_aligned = assumes_aligned
@@ -64,7 +71,7 @@ class FamilyLauncher:
         g = self.grids[config](*sizes)
         if 0 in g:  # no programs: nothing to compute (CUDA refuses an empty grid)
             return
-        key = variant_key(config, self.needs_wide(*sizes), sizes)
+        key = variant_key(config, self.needs_wide(*sizes), sizes, self.divisibility)
         launch = self.launches.get(key)
         if launch is None:
             launch = self.launches[key] = self._launcher(key, self.compile_variant(key))
