@@ -266,7 +266,7 @@ class _Renderer:
         self.wide = _needs_int64(kernel)
         self.split = split_rows(kernel)
         self.only_stored = k.only_stored(kernel)
-        self.flat = not kernel.reduce and not row_tiled(kernel)  # over the flat index xindex
+        self.flat = indexes_flat(kernel)
         # with split rows, a row stage is rendered twice: over the body's lanes, then over the
         # edge's, whose row-wise values are named with an _e suffix
         self.edge = False
@@ -621,21 +621,30 @@ class _Renderer:
         return "\n".join(self.lines)
 
 
+def indexes_flat(kernel: k.Kernel) -> bool:
+    """Whether a kernel's xindex is its flat outer index (see flat_index): not where a program
+    covers part of one line (row_tiled), nor for split rows, which match their index's text."""
+    return not row_tiled(kernel) and split_rows(kernel) is None
+
+
 def flat_index(kernel: k.Kernel, index: Expr) -> Expr:
-    """An element-wise kernel's index that walks its domain in row-major order (x0 * n1 + x1 + c)
-    as xindex + c: no division recovers the coordinates it would only recombine (a family's
+    """An index whose outer part walks the outer domain in row-major order, m * (x0 * n1 + x1),
+    as m * xindex: no division recovers the coordinates it would only recombine (a family's
     extents would make them divisions by run-time values)."""
     outer = kernel.outer
     nested = any(not isinstance(a, Sym) and a.arg.symbols() & set(outer) for a, _ in index.terms)
     if len(outer) < 2 or nested:
         return index
-    stride = 1
+    stride = index.coef(outer[-1])
+    if stride == 0:
+        return index
+    multiple = stride
     for x in reversed(outer):
         if not known_eq(index.coef(x), stride):
             return index
         stride = stride * x.extent
     rest = ix.Expr(tuple((a, c) for a, c in index.terms if a not in outer), index.const)
-    return rest + ix.sym("xindex")
+    return rest + ix.sym("xindex") * multiple
 
 
 def _needs_int64(kernel: k.Kernel) -> bool:

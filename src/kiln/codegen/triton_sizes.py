@@ -76,9 +76,9 @@ def divisibility_matters(kernel: k.Kernel) -> bool:
     """Whether assuming every size a multiple of 16 can change a kernel's binary: where a size
     appears in an index, a mask or a bound with a multiple that is not one of 16 already
     (8192 * ks0 is one for every ks0). Kernels where it cannot get no such binary."""
-    from kiln.codegen.triton import flat_index, row_tiled
+    from kiln.codegen.triton import flat_index, indexes_flat
 
-    flat = not kernel.reduce and not row_tiled(kernel)
+    flat = indexes_flat(kernel)
     found: list[sizes.Size] = [kernel.outer_numel, kernel.reduce_numel]
     used: set = set()
     for st in kernel.stages:
