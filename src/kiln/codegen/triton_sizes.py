@@ -22,7 +22,9 @@ import sympy
 from kiln.ir import kernel as k
 from kiln.ir import sizes
 
-INDEX_LIMIT = 2**31 - 1  # the largest index int32 arithmetic holds
+# The largest index int32 arithmetic holds, less a margin: a program's lanes past the end
+# (up to a block beyond the last element, masked off) must not wrap around to valid indices.
+INDEX_LIMIT = 2**31 - 1 - 2**16
 # A looped row of symbolic length this many times its traced block or longer runs the
 # long-row variant (the largest block a looped row takes): fewer, wider steps per row.
 LONG_ROWS = 4
