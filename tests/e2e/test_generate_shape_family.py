@@ -1,16 +1,12 @@
 """transformers' generate() on a compiled forward: the prefill and the decode step are each
 one program for their shape family, for any prompt length and number of new tokens."""
 
-import os
-
 import pytest
 import torch
 
 import kiln
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(os.environ.get("KILN_TARGET") == "triton",
-                                reason="the Triton renderer compiles shape families per shape")
 
 
 def tiny_llama():

@@ -43,6 +43,8 @@ class Backend:
     times_matmuls: bool = False
     # a matmul template's (BLOCK_M, BLOCK_N, share of the SMs its waves keep busy)
     matmul_tile: Callable | None = None
+    # what a shape family's kernel decided about its sizes (a reason kiln.explain shows)
+    size_choices: Callable[[Kernel], str] | None = None
 
 
 def _cpp(options) -> Backend:
@@ -62,7 +64,7 @@ def _cpp(options) -> Backend:
 
 def _triton(options) -> Backend:
     from kiln.codegen import triton as tr
-    from kiln.codegen import triton_group, triton_math
+    from kiln.codegen import triton_group, triton_math, triton_sizes
     from kiln.codegen.templates import matmul
     from kiln.runtime import triton_build
 
@@ -76,7 +78,8 @@ def _triton(options) -> Backend:
     return Backend("triton", "Triton", triton_group.render_source, build, False, tr.PERSISTENT_MAX, True,
                    unsupported, tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True, group_members=16,
                    group_buffers=128, matmul_templates=options.matmul_templates,
-                   times_matmuls=options.mode == "max-autotune", matmul_tile=matmul.tile)
+                   times_matmuls=options.mode == "max-autotune", matmul_tile=matmul.tile,
+                   size_choices=triton_sizes.family_choices)
 
 
 _FACTORIES = {"cpp": _cpp, "triton": _triton}

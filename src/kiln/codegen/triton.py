@@ -13,12 +13,21 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from kiln.codegen.triton_sizes import ceil_div, hinted, is_family, size_names, sz
 from kiln.ir import index as ix
 from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, FloorDiv, Sym
 from kiln.ir.kernel import compute_dtype
-from kiln.ir.sizes import is_symbolic
+from kiln.ir.sizes import (
+    UNBACKED_HINT,
+    NeedsNumber,
+    exact_div,
+    is_symbolic,
+    known_divides,
+    known_eq,
+    known_le,
+)
 
 # An element-wise kernel's mask must not change inside a 16-byte vector (at most 16 elements)
 # for Triton to load whole vectors.
@@ -70,16 +79,18 @@ def render_index(e: Expr) -> str:
         if isinstance(atom, Sym):
             text = atom.name
         elif isinstance(atom, FloorDiv):
-            text = f"(({render_index(atom.arg)}) // {atom.divisor})"
+            text = f"(({render_index(atom.arg)}) // {sz(atom.divisor)})"
         else:
-            text = f"(({render_index(atom.arg)}) % {atom.divisor})"
-        parts.append(text if coef == 1 else f"{coef} * {text}")
-    if e.const or not parts:
-        parts.append(str(e.const))
+            text = f"(({render_index(atom.arg)}) % {sz(atom.divisor)})"
+        parts.append(text if coef == 1 else f"{sz(coef)} * {text}")
+    if e.const != 0 or not parts:
+        parts.append(sz(e.const))
     return " + ".join(parts)
 
 
 def literal(value, dtype: torch.dtype) -> str:
+    if is_symbolic(value):  # a size of the shape family (a mean's count), converted as eager does
+        return _size_literal(value, dtype)
     if dtype in (torch.bfloat16, torch.float16):
         value = torch.tensor(float(value), dtype=dtype).item()  # a constant of this dtype holds its value
     t = compute_dtype(dtype)
@@ -94,6 +105,14 @@ def literal(value, dtype: torch.dtype) -> str:
         info = torch.iinfo(t)
         v = str((int(value) - info.min) % (info.max - info.min + 1) + info.min)
     return f"tl.full([1], {v}, {tl_type(t)})"
+
+
+def _size_literal(value, dtype: torch.dtype) -> str:
+    t = compute_dtype(dtype)
+    count = f"(tl.zeros([1], tl.int64) + {sz(value)})"
+    if t is torch.bool:
+        return f"({count} != 0)"
+    return _round_to(f"{count}.to({tl_type(t)})", dtype)
 
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
@@ -246,10 +265,13 @@ class _Renderer:
         self.scratch = {sc.name for sc in kernel.scratch}
         self.persistent = is_persistent(kernel)
         if kernel.scratch and not self.persistent:
+            if is_symbolic(kernel.reduce_numel):  # no block fits every length of the row
+                raise NeedsNumber(f"{kernel.name} keeps rows of length {kernel.reduce_numel} in registers")
             raise TritonUnsupported("row arrays need a persistent reduction")
         self.wide = _needs_int64(kernel)
         self.split = split_rows(kernel)
         self.only_stored = k.only_stored(kernel)
+        self.flat = indexes_flat(kernel)
         # with split rows, a row stage is rendered twice: over the body's lanes, then over the
         # edge's, whose row-wise values are named with an _e suffix
         self.edge = False
@@ -301,6 +323,8 @@ class _Renderer:
         only_stored = isinstance(s, k.Compute) and s.out in self.only_stored
         if self.edge:
             s = self._edge_copy(s)
+        if self.flat and getattr(s, "index", None) is not None:
+            s = replace(s, index=flat_index(self.k, s.index))
         if isinstance(s, k.Load):
             self.types[s.out] = s.dtype
             if s.buf in self.scratch:
@@ -325,7 +349,7 @@ class _Renderer:
         elif isinstance(s, k.InBounds):
             self.types[s.out] = torch.bool
             idx = render_index(s.index)
-            self.emit(depth, f"{s.out} = (0 <= ({idx})) & (({idx}) < {s.size})")
+            self.emit(depth, f"{s.out} = (0 <= ({idx})) & (({idx}) < {sz(s.size)})")
         elif isinstance(s, k.Compute):
             self.types[s.out] = s.dtype
             self.emit(depth, f"{s.out} = {render_compute(s, [self.types[a] for a in s.args], only_stored)}")
@@ -548,11 +572,11 @@ class _Renderer:
         """An element-wise kernel over its flat index. A mask that can change inside a 16-byte
         vector makes Triton load and store one element at a time, so when the size leaves a
         partial last tile, every program but the last runs with a mask that is true throughout."""
-        full = f"xindex < {self.k.outer_numel}"
-        if self.k.outer_numel % MASK_GRAIN == 0:
+        full = f"xindex < {sz(self.k.outer_numel)}"
+        if known_divides(MASK_GRAIN, self.k.outer_numel):
             self._flat_body(1, full)
             return
-        self.emit(1, f"if {pid} < {self.k.outer_numel} // XBLOCK:")
+        self.emit(1, f"if {pid} < {sz(self.k.outer_numel)} // XBLOCK:")
         self._flat_body(2, "tl.full([XBLOCK], 1, tl.int1)")
         self.emit(1, "else:")
         self._flat_body(2, full)
@@ -569,22 +593,26 @@ class _Renderer:
     def _decompose(self, depth: int, flat: str, syms) -> None:
         stride = 1
         for sym in reversed(syms):
-            expr = flat if stride == 1 else f"({flat} // {stride})"
+            expr = flat if stride == 1 else f"({flat} // {sz(stride)})"
             if sym is not syms[0]:
-                expr = f"({expr} % {sym.extent})"
+                expr = f"({expr} % {sz(sym.extent)})"
             self.emit(depth, f"{sym.name} = {expr}")
             stride *= sym.extent
 
     def _program_id(self, axis: int) -> str:
+        if is_family(self.k):  # int64 where a launch's sizes need it (triton_sizes.wide_function)
+            return f"tl.program_id({axis}).to(tl.int64 if WIDE else tl.int32)"
         return f"tl.program_id({axis}).to(tl.int64)" if self.wide else f"tl.program_id({axis})"
 
     def render(self) -> str:
         kern = self.k
-        params = ", ".join(p.name for p in kern.params)
+        params = ", ".join([p.name for p in kern.params] + size_names(kern))
         self.emit(0, "@triton.jit")
         # ALIGNED: compiled for tensors that all start on 16-byte boundaries (the direct launch);
         # Triton's JIT, which launches any others, and the interpreter get False
         constexprs = "XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, ALIGNED: tl.constexpr"
+        if is_family(kern):
+            constexprs += ", WIDE: tl.constexpr"
         self.emit(0, f"def {kern.name}({params}, {constexprs}):")
         pid = self._program_id(0)
         if self.split is not None:  # one row per program: its index and values are scalars
@@ -597,7 +625,7 @@ class _Renderer:
             self._flat_kernel(pid)
             return "\n".join(self.lines)
         if kern.reduce:
-            self.emit(1, f"xmask = xindex < {kern.outer_numel}")
+            self.emit(1, f"xmask = xindex < {sz(kern.outer_numel)}")
             self.emit(1, "zero_row = tl.zeros([XBLOCK, 1], tl.int32)")
             self.emit(1, "zero_tile = tl.zeros([XBLOCK, RBLOCK], tl.int32)")
             self._decompose(1, "xindex", kern.outer)
@@ -605,7 +633,7 @@ class _Renderer:
             # row tiled: a program covers XBLOCK points of one line, whose indices are computed
             # once per program, not divided out of every point's flat index
             *lines, inner = kern.outer
-            self.emit(1, f"xmask = xindex < {inner.extent}")
+            self.emit(1, f"xmask = xindex < {sz(inner.extent)}")
             self.emit(1, "zero_x = tl.zeros([XBLOCK], tl.int32)")
             self.emit(1, f"line = {self._program_id(1)}")
             self._decompose(1, "line", lines)
@@ -616,7 +644,7 @@ class _Renderer:
             self._split_prologue()
         elif self.persistent:
             self.emit(1, "rindex = tl.arange(0, RBLOCK)[None, :]")
-            self.emit(1, f"rmask = rindex < {kern.reduce_numel}")
+            self.emit(1, f"rmask = rindex < {sz(kern.reduce_numel)}")
             self._decompose(1, "rindex", kern.reduce)
         for stage in kern.stages:
             if stage.loop and kern.reduce and kern.reduce_numel == 0:
@@ -632,9 +660,9 @@ class _Renderer:
             elif stage.loop and kern.reduce and not self.persistent:
                 reductions = [s for s in stage.body if isinstance(s, k.Reduce)]
                 self._loop_init(reductions, 1)
-                self.emit(1, f"for roffset in range(0, {kern.reduce_numel}, RBLOCK):")
+                self.emit(1, f"for roffset in range(0, {sz(kern.reduce_numel)}, RBLOCK):")
                 self.emit(2, "rindex = roffset + tl.arange(0, RBLOCK)[None, :]")
-                self.emit(2, f"rmask = rindex < {kern.reduce_numel}")
+                self.emit(2, f"rmask = rindex < {sz(kern.reduce_numel)}")
                 self._decompose(2, "rindex", kern.reduce)
                 for s in stage.body:
                     self.stmt(s, 2, True)
@@ -645,7 +673,36 @@ class _Renderer:
         return "\n".join(self.lines)
 
 
+def indexes_flat(kernel: k.Kernel) -> bool:
+    """Whether a kernel's xindex is its flat outer index (see flat_index): not where a program
+    covers part of one line (row_tiled), nor for split rows, which match their index's text."""
+    return not row_tiled(kernel) and split_rows(kernel) is None
+
+
+def flat_index(kernel: k.Kernel, index: Expr) -> Expr:
+    """An index whose outer part walks the outer domain in row-major order, m * (x0 * n1 + x1),
+    as m * xindex: no division recovers the coordinates it would only recombine (a family's
+    extents would make them divisions by run-time values)."""
+    outer = kernel.outer
+    nested = any(not isinstance(a, Sym) and a.arg.symbols() & set(outer) for a, _ in index.terms)
+    if len(outer) < 2 or nested:
+        return index
+    stride = index.coef(outer[-1])
+    if stride == 0:
+        return index
+    multiple = stride
+    for x in reversed(outer):
+        if not known_eq(index.coef(x), stride):
+            return index
+        stride = stride * x.extent
+    rest = ix.Expr(tuple((a, c) for a, c in index.terms if a not in outer), index.const)
+    return rest + ix.sym("xindex") * multiple
+
+
 def _needs_int64(kernel: k.Kernel) -> bool:
+    """Whether a kernel of fixed sizes indexes in int64 (a family's decides per launch)."""
+    if is_family(kernel):
+        return False
     limit = 2**31 - 1
     if kernel.outer_numel * max(kernel.reduce_numel, 1) >= limit:
         return True
@@ -675,7 +732,8 @@ def render_source(kernel: k.Kernel) -> str:
 def is_persistent(kernel: k.Kernel) -> bool:
     """Whole rows in one tile: when they fit, unless the rows run across memory (then a
     narrow loop over them keeps loads coalesced), but always when values are kept."""
-    if not kernel.reduce or kernel.reduce_numel > PERSISTENT_MAX:
+    # a row of a family's symbolic length is looped: no one block fits every length
+    if not kernel.reduce or is_symbolic(kernel.reduce_numel) or kernel.reduce_numel > PERSISTENT_MAX:
         return False
     return bool(kernel.scratch) or not k.column_reduction(kernel)
 
@@ -688,53 +746,68 @@ def row_tiled(kernel: k.Kernel) -> bool:
     if kernel.reduce or len(kernel.outer) < 2:
         return False
     inner = kernel.outer[-1].extent
+    if is_family(kernel):  # the lines must fit the grid's second dimension at every size
+        lines = exact_div(kernel.outer_numel, inner)
+        return hinted(kernel, inner) >= 256 and known_le(lines, MAX_GRID_Y) and hinted(kernel, lines) >= 2
     return inner >= 256 and 2 <= kernel.outer_numel // inner <= MAX_GRID_Y
 
 
 def _tiled_extent(kernel: k.Kernel) -> int:
-    """The points an element-wise kernel's XBLOCK tiles: a line's, or the whole domain's."""
+    """The points an element-wise kernel's XBLOCK tiles: a line's, or the whole domain's
+    (a family's at its traced example)."""
     members = getattr(kernel, "members", ())
     if members:  # a group (ir/group.py): its largest member's
         return max(m.outer_numel for m in members)
-    return kernel.outer[-1].extent if row_tiled(kernel) else kernel.outer_numel
+    return hinted(kernel, kernel.outer[-1].extent if row_tiled(kernel) else kernel.outer_numel)
 
 
-def grid(kernel: k.Kernel, config: tuple[int, int, int]) -> tuple[int, int, int]:
+def grid(kernel: k.Kernel, config: tuple[int, int, int]) -> tuple:
+    """Programs along each axis: ints, or a family's sizes (triton_sizes.grid_function)."""
     xblock = config[0]
     members = getattr(kernel, "members", ())
     if members:  # a group (codegen/triton_group.py): its members' programs one after another
         return (sum((m.outer_numel + xblock - 1) // xblock for m in members), 1, 1)
     if row_tiled(kernel):
         inner = kernel.outer[-1].extent
-        return ((inner + xblock - 1) // xblock, kernel.outer_numel // inner, 1)
-    return ((kernel.outer_numel + xblock - 1) // xblock, 1, 1)
+        return (ceil_div(inner, xblock), exact_div(kernel.outer_numel, inner), 1)
+    return (ceil_div(kernel.outer_numel, xblock), 1, 1)
 
 
 def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
     """(XBLOCK, RBLOCK, num_warps): a small heuristic; the interpreter wants few programs.
     The defaults are the configurations autotuning picked most often for GPT-2's training
-    kernels on the H200 (`python -m benchmarks.gpu_train --variants kiln-autotune`)."""
+    kernels on the H200 (`python -m benchmarks.gpu_train --variants kiln-autotune`).
+    A family's sizes are its traced example's (speed only); interpreted, a typical large
+    size's, since a family serves larger sizes than its example and programs cost most there."""
+
+    def size(s) -> int:
+        return UNBACKED_HINT if interpreted and is_symbolic(s) else hinted(kernel, s)
+
+    outer = size(kernel.outer_numel)
     if not kernel.reduce:
         # wide tiles win even when a line's end masks off part of the last one; more values
         # per thread slow the math-heavy kernels more than they speed the copies
         # (docs/benchmarks.md)
-        return next_pow2(min(_tiled_extent(kernel), 4096 if interpreted else 1024)), 1, 4
-    rnumel = kernel.reduce_numel
+        extent = UNBACKED_HINT if interpreted and is_family(kernel) else _tiled_extent(kernel)
+        return next_pow2(min(extent, 4096 if interpreted else 1024)), 1, 4
+    rnumel = size(kernel.reduce_numel)
     if is_persistent(kernel):
         rblock = next_pow2(rnumel)
     elif k.column_reduction(kernel):
         if rnumel <= 64:  # short columns (the last step of a split reduction): wide tiles
-            return min(128, next_pow2(kernel.outer_numel)), next_pow2(rnumel), 4
-        return min(COLUMN_BLOCK, next_pow2(kernel.outer_numel)), min(128, next_pow2(rnumel)), 8
-    else:
-        rblock = 2048
+            return min(128, next_pow2(outer)), next_pow2(rnumel), 4
+        return min(COLUMN_BLOCK, next_pow2(outer)), min(128, next_pow2(rnumel)), 8
+    else:  # a looped row: a family's row as long as its example's, up to 2048
+        rblock = min(2048, next_pow2(rnumel))
     if split_rows(kernel) is not None:
         # one row per program, up to 32 elements per thread: fewer warps a row leave the
         # rows' two tiles less to combine, until a thread holds too many elements
         return 1, rblock, max(1, min(8, rblock // 1024))
     if interpreted:
-        return next_pow2(max(1, min(kernel.outer_numel, max(1, 8192 // rblock)))), rblock, 4
+        return next_pow2(max(1, min(outer, max(1, 8192 // rblock)))), rblock, 4
     if not is_persistent(kernel):
+        if is_family(kernel):  # rows shorter than a block (a family's) go several a program
+            return max(1, min(64, 2048 // rblock, next_pow2(outer))), rblock, 8 if rblock >= 2048 else 4
         return (1, *long_row_tile(kernel).config)
     if rblock <= 1024:
         # smaller programs for short rows (2048 elements over 2 warps); rows off 16-byte
@@ -788,7 +861,7 @@ def assumes_aligned_tensors(kernel: k.Kernel) -> bool:
 
 
 def _row_starts_aligned(kernel: k.Kernel, s: k.Load | k.Store) -> bool:
-    return all(s.index.coef(x) * s.dtype.itemsize % 16 == 0 for x in kernel.outer)
+    return all(known_divides(16, s.index.coef(x) * s.dtype.itemsize) for x in kernel.outer)
 
 
 @dataclass(frozen=True)
@@ -827,6 +900,8 @@ def split_rows(kernel: k.Kernel) -> RowSplit | None:
 def candidate_configs(kernel: k.Kernel) -> list[tuple[int, int, int]]:
     """A bounded set of (XBLOCK, RBLOCK, num_warps) worth timing on a GPU, heuristic first."""
     first = launch_config(kernel, False)
+    if is_family(kernel):  # timings hold for one shape, a family serves many: the heuristic's
+        return [first]
     if not kernel.reduce:
         cap = next_pow2(max(_tiled_extent(kernel), 1))
         options = [(min(x, cap), 1, w) for x, w in ((1024, 4), (1024, 2), (2048, 4), (2048, 8), (4096, 8))]

@@ -43,6 +43,7 @@ def _rebuffered(s: k.Stmt, rename: dict[str, str]) -> k.Stmt:
 class _MemberRenderer(_Renderer):
     def render_flat(self, pid: str) -> list[str]:
         """The member's body (at the depth of a function's), over its flat index."""
+        self.flat = True
         if self.wide:
             pid = f"{pid}.to(tl.int64)"
         self.emit(1, f"pid = {pid}")

@@ -230,6 +230,9 @@ def _compile_graph(
     with _Timer(report, "codegen") as t:
         rendered = [size_params(kern) for kern in report.kernels]  # sizes become parameters
         report.sources = {kern.name: backend.render(kern) for kern in rendered}
+        if backend.size_choices is not None:  # what a shape family's kernels decided about sizes
+            report.decisions += [Decision(kern.name, "sizes", backend.size_choices(kern))
+                                 for kern in rendered if kern.sizes]
         t.summary = f"{sum(len(s) for s in report.sources.values())} bytes of {backend.language}"
     with _Timer(report, "build") as t:
         kern_list = rendered

@@ -40,6 +40,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from kiln import errors
 from kiln.frontend.user_triton import cache_text_kwargs, is_user_kernel_op
 from kiln.ir.host import HostProgram, constants_blob, op_name, tensor_digest
+from kiln.ir.kernel import size_params
 from kiln.options import env_debug, env_graph_cache
 from kiln.runtime import cache
 
@@ -337,8 +338,9 @@ def _load(folder: Path, backend, t0: float) -> tuple[Callable, Any]:
     host = HostProgram.from_dict(json.loads((folder / "host.json").read_text()),
                                  (folder / "constants.pt").read_bytes())
     kernels = snapshot["kernels"]
-    launchers, hits, found_in = _launchers(folder, kernels, [snapshot["sources"][k.name] for k in kernels],
-                                           backend)
+    # built as the compile builds them: a family's sizes as the kernels' parameters
+    sources = [snapshot["sources"][k.name] for k in kernels]
+    launchers, hits, found_in = _launchers(folder, [size_params(k) for k in kernels], sources, backend)
     call, host_source = host_codegen.load_with_source(host, {k.name: f for k, f in zip(kernels, launchers)})
     report = CompileReport(backend=backend.name, graph_text=snapshot["graph_text"],
                            decisions=snapshot["decisions"], fallbacks=snapshot["fallbacks"], kernels=kernels,

@@ -57,6 +57,10 @@ def _load(kernel: Kernel, source: str):
 
 
 def _interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
+    if kernel.sizes:  # a shape family's: its grid is computed per call
+        from kiln.runtime.triton_family import interpreted_launcher
+
+        return interpreted_launcher(kernel, jit_fn)
     config = launch_configs(kernel, False, True)[0]
     launcher = jit_fn[launch_grid(kernel, config)]
     kwargs = jit_kwargs(kernel, config)
@@ -140,6 +144,9 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
         _add_cublas_candidates([kernel for kernel, _ in kernels], all_variants)
     builds = []
     for (kernel, path), (jit_fn, _, cached), variants in zip(kernels, loaded, all_variants):
+        if kernel.sizes:
+            builds.append(TritonBuild(_family_launcher(kernel, path, jit_fn, variants), cached))
+            continue
         launcher = TunedLauncher(
             kernel.name,
             functools.partial(launch_grid, kernel),
@@ -174,15 +181,45 @@ def _add_cublas_candidates(kernels: list[Kernel], all_variants: list[dict]) -> N
 
 def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune: bool = False) -> list[dict]:
     """Per kernel (loaded from path), {config: CompiledKernel} for target's (backend, arch,
-    warp_size): the heuristic's launch configuration, or with autotune every candidate."""
-    configs = [launch_configs(kernel, autotune) for kernel, _ in kernels]
+    warp_size): the heuristic's launch configuration, or with autotune every candidate.
+    A family's kernel (with sizes) gets its heuristic configuration's binaries for the
+    variants runtime/triton_family.py compiles with the graph, keyed by variant."""
+    from kiln.runtime.triton_family import compiled_with_the_graph
+
+    configs = [
+        compiled_with_the_graph(kernel) if kernel.sizes else launch_configs(kernel, autotune)
+        for kernel, _ in kernels
+    ]
     jobs = [
-        compile_args(kernel, path, config, target)
+        family_compile_args(kernel, path, target, c) if kernel.sizes
+        else compile_args(kernel, path, c, target)
         for (kernel, path), cs in zip(kernels, configs)
-        for config in cs
+        for c in cs
     ]
     compiled = iter(_compile_at_register_budgets(jobs))
-    return [{config: next(compiled) for config in cs} for cs in configs]
+    return [{c: next(compiled) for c in cs} for cs in configs]
+
+
+def _family_launcher(kernel: Kernel, path: Path, jit_fn, binaries: dict) -> Callable:
+    """A family's kernel launched at any of its sizes (runtime/triton_family.py); a variant
+    not compiled with the graph compiles at the first launch that needs it."""
+    from kiln.codegen.triton import assumes_aligned_tensors
+    from kiln.runtime.triton_family import FamilyLauncher
+
+    target = triton_abi.current_target()
+
+    def compile_variant(key):
+        return _compile_at_register_budgets([family_compile_args(kernel, path, target, key)])[0]
+
+    return FamilyLauncher(kernel, jit_fn, compile_variant, binaries, assumes_aligned_tensors(kernel))
+
+
+def family_compile_args(kernel: Kernel, path: Path, target: tuple, key: tuple) -> compile_pool.CompileArgs:
+    """compile_args for one binary of a family's kernel (runtime/triton_family.VariantKey)."""
+    from kiln.codegen.triton_sizes import launch_variants
+
+    configs, _ = launch_variants(kernel, False)
+    return compile_args(kernel, path, configs[key[0]], target, key[1], key[2])
 
 
 # An SM holds 65536 registers and 2048 threads (in at most 32 programs) and gives a warp its
@@ -304,21 +341,30 @@ def _options(compile_options: dict) -> dict:
     }
 
 
-def compile_args(kernel: Kernel, path: Path, config: tuple, target: tuple,
-                 any_alignment: bool = False) -> compile_pool.CompileArgs:
+def compile_args(kernel: Kernel, path: Path, config: tuple, target: tuple, wide: bool = False,
+                 sizes_of_16: bool = False, any_alignment: bool = False) -> compile_pool.CompileArgs:
     """triton.compile's arguments for one launch configuration of a kernel, specialized as
     the JIT specializes tensors that are all 16-byte aligned (the direct launch's condition),
     unless the kernel's rows are not (see below) or any_alignment asks for a binary that
-    takes tensors at any address."""
+    takes tensors at any address. A family's kernel takes its sizes as int32 (int64 when
+    wide: WIDE makes its indices int64 too), each assumed a multiple of 16 with sizes_of_16,
+    as the JIT specializes such ints (runtime/triton_family.py chooses per launch)."""
     constants = constexprs(kernel, config)
     signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
+    signature.update({f"ks{i}": "i64" if wide else "i32" for i in range(len(kernel.sizes))})
     signature.update({name: "constexpr" for name in constants})
     from kiln.codegen.triton import assumes_aligned_tensors
 
     aligned = assumes_aligned_tensors(kernel) and not any_alignment
     attrs = {(i,): triton_abi.aligned_attr(target) for i in range(len(kernel.params))} if aligned else {}
+    if sizes_of_16:
+        first = len(kernel.params)
+        attrs.update({(first + i,): triton_abi.aligned_attr(target) for i in range(len(kernel.sizes))})
     if "ALIGNED" in constants:
         constants["ALIGNED"] = aligned
+    if kernel.sizes:
+        signature["WIDE"] = "constexpr"
+        constants["WIDE"] = wide
     return compile_pool.CompileArgs(
         str(path), kernel.name, signature, constants, attrs, tuple(target),
         _options(_compile_options(kernel, config))

@@ -1,0 +1,138 @@
+"""Launching a Triton kernel of a shape family: its tensors, then its sizes (ks0, ...).
+
+Per launch, from the sizes: the launch configuration (codegen/triton_sizes.launch_variants:
+the traced example's, or for long rows of symbolic length a wider block), the grid, whether
+indices need int64 (WIDE), and whether every size is a multiple of 16, as Triton's JIT
+specializes int arguments (only where that can change the binary: divisibility_matters).
+Those pick one of the kernel's binaries: the traced configuration's narrow ones are compiled
+with the graph, any other at the first launch that needs it (a wide one: tensors of 2^31
+elements and more). Every binary is right for every size it is launched at; the choice is
+one of speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kiln.codegen.triton_sizes import divisibility_matters, grid_function, launch_variants, wide_function
+from kiln.ir.kernel import Kernel
+
+# (launch configuration's index, WIDE: int64 indices, every size a multiple of 16)
+VariantKey = tuple[int, bool, bool]
+
+
+def compiled_with_the_graph(kernel: Kernel) -> tuple[VariantKey, ...]:
+    """The binaries compiled with the graph: the traced configuration's narrow ones."""
+    return ((0, False, True), (0, False, False)) if divisibility_matters(kernel) else ((0, False, False),)
+
+
+def variant_key(config: int, wide: bool, sizes: tuple[int, ...], divisibility: bool = True) -> VariantKey:
+    """The binary a launch at these sizes runs (a wide one assumes nothing of its sizes, nor
+    does any where the sizes' divisibility changes nothing)."""
+    return config, wide, divisibility and not wide and all(s % 16 == 0 for s in sizes)
+
+
+class FamilyLauncher:
+    """Launches a family's kernel with every size of the family. `aligned` is the entry the
+    host program calls where its tensors are buffers it allocated; calling the launcher checks
+    the tensors' alignment first (Triton's JIT launches unaligned ones, as TunedLauncher)."""
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        jit_fn,
+        compile_variant: Callable[[VariantKey], Any],
+        binaries: dict[VariantKey, Any],
+        assumes_aligned: bool,
+    ):
+        self.__name__ = kernel.name
+        self.n_tensors = len(kernel.params)
+        self.configs, self.choose = launch_variants(kernel, False)
+        self.grids = [grid_function(kernel, c) for c in self.configs]
+        self.needs_wide = wide_function(kernel)
+        self.divisibility = divisibility_matters(kernel)
+        self.jit_fn = jit_fn
+        self.compile_variant = compile_variant
+        self.assumes_aligned = assumes_aligned
+        self.launches: dict[VariantKey, Callable] = {
+            key: self._launcher(key, binary) for key, binary in binaries.items()
+        }
+
+    def _launcher(self, key: VariantKey, compiled) -> Callable:
+        xblock, rblock, _ = self.configs[key[0]]
+        return _launcher(compiled, (xblock, rblock, self.assumes_aligned, key[1]))
+
+    def aligned(self, *args) -> None:
+        sizes = args[self.n_tensors :]
+        config = self.choose(*sizes)
+        g = self.grids[config](*sizes)
+        if 0 in g:  # no programs: nothing to compute (CUDA refuses an empty grid)
+            return
+        key = variant_key(config, self.needs_wide(*sizes), sizes, self.divisibility)
+        launch = self.launches.get(key)
+        if launch is None:
+            launch = self.launches[key] = self._launcher(key, self.compile_variant(key))
+        launch(g, args)
+
+    def __call__(self, *args) -> None:
+        tensors = args[: self.n_tensors]
+        if not self.assumes_aligned or all(t.data_ptr() % 16 == 0 for t in tensors):
+            self.aligned(*args)
+            return
+        sizes = args[self.n_tensors :]
+        config = self.choose(*sizes)
+        g = self.grids[config](*sizes)
+        if 0 not in g:
+            x, r, w = self.configs[config]
+            wide = self.needs_wide(*sizes)
+            self.jit_fn[g](*args, XBLOCK=x, RBLOCK=r, ALIGNED=False, WIDE=wide, num_warps=w)
+
+
+def _launcher(compiled, constants: tuple) -> Callable:
+    """A compiled binary's launch through its own C launcher (which takes int arguments):
+    the kernel's arguments, then its constexprs in the signature's order (XBLOCK, RBLOCK,
+    ALIGNED, WIDE), as the binary was compiled with them."""
+    compiled._init_handles()
+    device = torch.cuda.current_device()
+    current_stream = torch._C._cuda_getCurrentRawStream
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+
+    def launch(grid, args):
+        run(
+            grid[0],
+            grid[1],
+            grid[2],
+            current_stream(device),
+            function,
+            metadata,
+            None,
+            None,
+            None,
+            *args,
+            *constants,
+        )
+
+    return launch
+
+
+def interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
+    """The same launch through Triton's interpreter: configuration, grid and WIDE per call."""
+    configs, choose = launch_variants(kernel, True)
+    grids = [grid_function(kernel, c) for c in configs]
+    needs_wide = wide_function(kernel)
+    n_tensors = len(kernel.params)
+
+    def launch(*args):
+        sizes = args[n_tensors:]
+        config = choose(*sizes)
+        g = grids[config](*sizes)
+        if 0 not in g:
+            x, r, w = configs[config]
+            jit_fn[g](*args, XBLOCK=x, RBLOCK=r, ALIGNED=False, WIDE=needs_wide(*sizes), num_warps=w)
+
+    launch.__name__ = kernel.name
+    launch.aligned = launch  # the interpreter needs no alignment
+    return launch
