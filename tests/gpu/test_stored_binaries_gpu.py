@@ -37,7 +37,9 @@ class _Block(torch.nn.Module):
 
 
 def _run(script: str, tmp_path, **env) -> str:
-    env = {**os.environ, "PYTHONPATH": SRC, "KILN_CACHE_DIR": str(tmp_path / "cache"), **env}
+    # a graph-cache hit launches stored binaries only when asked, until these tests pass on a GPU
+    env = {**os.environ, "PYTHONPATH": SRC, "KILN_CACHE_DIR": str(tmp_path / "cache"),
+           "KILN_STORED_BINARIES": "1", **env}
     env.pop("TRITON_INTERPRET", None)
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True, timeout=600

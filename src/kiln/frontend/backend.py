@@ -26,7 +26,7 @@ from kiln.frontend.random import draw_seeds_once, random_decompositions
 from kiln.ir import sizes
 from kiln.ir.checks import RAISED_AS_EAGER
 from kiln.lower.core import Unsupported
-from kiln.options import Options, backend_options, env_debug, env_symbolic
+from kiln.options import Options, backend_options, env_debug, env_gpu_families, env_symbolic
 from kiln.runtime.training_cache import aot_module_cached
 
 log = logging.getLogger("kiln")
@@ -155,6 +155,8 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
         raise FamilyFailed("the graph's sizes have no shape environment")
     device = graph_device(example_inputs)
     target = resolve_target(options.target, device)
+    if device.type == "cuda" and not env_gpu_families():
+        raise FamilyFailed("shape families on a GPU are off (KILN_GPU_FAMILIES=1 turns them on)")
     if getattr(options, "check", False):  # the numerics check compares kernels at concrete sizes
         raise FamilyFailed("the numerics check compiles per shape")
     reason = _unsupported_reason(example_inputs, target, family=True)

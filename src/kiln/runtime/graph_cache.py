@@ -41,7 +41,7 @@ from kiln import errors
 from kiln.frontend.user_triton import cache_text_kwargs, is_user_kernel_op
 from kiln.ir.host import HostProgram, constants_blob, op_name, tensor_digest
 from kiln.ir.kernel import size_params
-from kiln.options import env_debug, env_graph_cache
+from kiln.options import env_debug, env_graph_cache, env_stored_binaries
 from kiln.runtime import cache
 
 FOLDER = "graph"
@@ -318,7 +318,7 @@ def _launchers(folder: Path, kernels: list, sources: list[str], backend) -> tupl
     """The kernels' launchers: from the entry's binaries where it holds them for this GPU,
     else built by the backend (which finds them in its cache); how many came from a cache
     and where from."""
-    binaries = read_binaries(folder)
+    binaries = read_binaries(folder) if env_stored_binaries() else None
     if binaries is not None and set(binaries) >= {k.name for k in kernels} and _runs_here(binaries):
         from kiln.runtime import triton_build
 
