@@ -249,14 +249,14 @@ def test_a_family_launch_picks_its_binary_from_the_sizes(monkeypatch):
     """FamilyLauncher's dispatch, with the GPU launch replaced by a record of what would run."""
     from kiln.frontend.backend import REPORTS
     from kiln.ir.kernel import size_params
-    from kiln.runtime import triton_family
+    from kiln.runtime import triton_abi, triton_family
 
     compiled = kiln.compile(lambda x: torch.relu(x) + 1, dynamic=True)
     before = len(REPORTS)
     compiled(randn(BATCH, 17))
     (kernel,) = [size_params(k) for k in REPORTS[before].kernels]
     ran, compiles = [], []
-    monkeypatch.setattr(triton_family, "_launcher",
+    monkeypatch.setattr(triton_abi, "own_launch",
                         lambda binary, constants: lambda grid, args: ran.append((binary, constants[3], grid)))
 
     def compile_variant(key):

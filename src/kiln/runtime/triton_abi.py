@@ -219,6 +219,22 @@ def load_function(compiled):
     return function
 
 
+def own_launch(compiled, constants: tuple) -> Callable:
+    """A compiled binary's launch through its own C launcher (which takes int arguments too),
+    the grid given per call: launch(grid, args) passes the kernel's arguments, then its
+    constexprs' values in the signature's order, as the binary was compiled with them."""
+    compiled._init_handles()
+    device = torch.cuda.current_device()
+    current_stream = torch._C._cuda_getCurrentRawStream
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+
+    def launch(grid, args):
+        run(grid[0], grid[1], grid[2], current_stream(device), function, metadata, None, None, None,
+            *args, *constants)
+
+    return launch
+
+
 def direct_launch(
     compiled, grid: tuple[int, int, int], config: tuple, n_pointers: int, constants: tuple = ()
 ) -> Callable:
@@ -230,26 +246,8 @@ def direct_launch(
     g0, g1, g2 = grid
     shared = shared_launcher(n_pointers, compiled.metadata)
     if shared is None:
-        compiled._init_handles()
-        run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
-        constants = constants or tuple(config[:2])
-
-        def launch(*args):
-            run(
-                g0,
-                g1,
-                g2,
-                current_stream(device),
-                function,
-                metadata,
-                None,
-                None,
-                None,
-                *args,
-                *constants,
-            )
-
-        return launch
+        own = own_launch(compiled, constants or tuple(config[:2]))
+        return lambda *args: own(grid, args)
     launcher, width = shared
     c_launch, function, metadata = launcher.launch, load_function(compiled), compiled.packed_metadata
     cooperative, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl

@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from kiln.codegen.triton_sizes import divisibility_matters, grid_function, launch_variants, wide_function
 from kiln.ir.kernel import Kernel
+from kiln.runtime import triton_abi
 
 # (launch configuration's index, WIDE: int64 indices, every size a multiple of 16)
 VariantKey = tuple[int, bool, bool]
@@ -63,7 +62,7 @@ class FamilyLauncher:
 
     def _launcher(self, key: VariantKey, compiled) -> Callable:
         xblock, rblock, _ = self.configs[key[0]]
-        return _launcher(compiled, (xblock, rblock, self.assumes_aligned, key[1]))
+        return triton_abi.own_launch(compiled, (xblock, rblock, self.assumes_aligned, key[1]))
 
     def aligned(self, *args) -> None:
         sizes = args[self.n_tensors :]
@@ -89,33 +88,6 @@ class FamilyLauncher:
             x, r, w = self.configs[config]
             wide = self.needs_wide(*sizes)
             self.jit_fn[g](*args, XBLOCK=x, RBLOCK=r, ALIGNED=False, WIDE=wide, num_warps=w)
-
-
-def _launcher(compiled, constants: tuple) -> Callable:
-    """A compiled binary's launch through its own C launcher (which takes int arguments):
-    the kernel's arguments, then its constexprs in the signature's order (XBLOCK, RBLOCK,
-    ALIGNED, WIDE), as the binary was compiled with them."""
-    compiled._init_handles()
-    device = torch.cuda.current_device()
-    current_stream = torch._C._cuda_getCurrentRawStream
-    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
-
-    def launch(grid, args):
-        run(
-            grid[0],
-            grid[1],
-            grid[2],
-            current_stream(device),
-            function,
-            metadata,
-            None,
-            None,
-            None,
-            *args,
-            *constants,
-        )
-
-    return launch
 
 
 def interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
