@@ -33,7 +33,7 @@ VARIANTS = {
 
 
 def sweep(kernel) -> list[tuple[int, int, int]]:
-    from kiln.codegen.triton import candidate_configs, is_persistent, next_pow2
+    from kiln.codegen.triton_launch import candidate_configs, is_persistent, next_pow2
 
     if not kernel.reduce:
         return [(x, 1, w) for x in (256, 512, 1024, 2048, 4096) for w in (2, 4, 8)]

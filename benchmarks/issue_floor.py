@@ -33,6 +33,7 @@ COUNT = textwrap.dedent('''
     import collections, os, pickle, re, subprocess, sys
     import triton
     from kiln.codegen import triton as tr
+    from kiln.codegen import triton_launch
     from kiln.runtime.triton_build import _resources, compile_for_target, programs_per_sm
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -40,7 +41,7 @@ COUNT = textwrap.dedent('''
     for name, kernels in pickle.load(open(sys.argv[1], "rb")).items():
         rows = []
         for kern in kernels:
-            config = tr.launch_config(kern, False)
+            config = triton_launch.launch_config(kern, False)
             compiled = compile_for_target(kern, tr.render_source(kern))
             cubin = os.path.join(sys.argv[2], kern.name + ".cubin")
             open(cubin, "wb").write(compiled.asm["cubin"])

@@ -18,6 +18,7 @@ def generated_kernels(tmp_path_factory) -> str:
 COMPILE = textwrap.dedent('''
     import pickle, sys
     from kiln.codegen import triton as tr
+    from kiln.codegen import triton_launch
     from kiln.runtime.triton_build import compile_for_target
 
     kernels = pickle.load(open(sys.argv[1], "rb"))
@@ -47,17 +48,18 @@ def test_generated_triton_compiles_for_sm90(generated_kernels, tmp_path):
 SPLIT_ROWS = textwrap.dedent('''
     import pickle, sys
     from kiln.codegen import triton as tr
+    from kiln.codegen import triton_launch
     from kiln.ir.kernel import Store
     from kiln.runtime.triton_build import compile_for_target
 
-    split = [k for k in pickle.load(open(sys.argv[1], "rb")) if tr.split_rows(k) is not None]
+    split = [k for k in pickle.load(open(sys.argv[1], "rb")) if triton_launch.split_rows(k) is not None]
     assert split, "no kernel over rows off 16-byte boundaries"
     weighted = 0
     for kern in split:
         source = tr.render_source(kern)
         ptx = compile_for_target(kern, source).asm["ptx"]
         assert "ld.global.v4.b32" in ptx, kern.name
-        stores_rows = any(isinstance(s, Store) and s.index == tr.split_rows(kern).index
+        stores_rows = any(isinstance(s, Store) and s.index == triton_launch.split_rows(kern).index
                           for st in kern.stages for s in st.body)
         assert "st.global.v4.b32" in ptx or not stores_rows, kern.name
         if "km.load_columns(" in source:  # weights: aligned vectors shifted by byte permutes

@@ -9,6 +9,7 @@ from planning import plan, tensor_graph
 from test_rules import inp, pw, row_of, row_reduce
 
 from kiln.codegen import cpp, triton
+from kiln.codegen import triton_launch as launch
 from kiln.ir import index as ix
 from kiln.ir import kernel as k
 from kiln.ir.evaluate import evaluate
@@ -126,8 +127,8 @@ def test_cpp_rescales_the_sum_once_per_block():
 
 
 def test_triton_loops_rows_too_long_for_one_tile_once_for_max_and_sum():
-    kernel = _softmax_kernel(triton.PERSISTENT_MAX + 100)
-    assert not triton.is_persistent(kernel)
+    kernel = _softmax_kernel(launch.PERSISTENT_MAX + 100)
+    assert not launch.is_persistent(kernel)
     source = triton.render_kernel(kernel)
     assert source.count("for roffset in range") == 2  # max and sum, then the normalization
     assert "t3_acc = t3_acc * tl.exp(t3_max - t3_shift)" in source
@@ -139,15 +140,15 @@ def test_long_rows_read_again_keep_few_rows_in_flight():
     # softmax over bf16 rows of 50304: after the max and sum, the normalization reads the row
     # again, which comes from L2 only while the rows in flight fit there
     softmax = _softmax_kernel_of(torch.randn(2, 50304, dtype=torch.bfloat16))
-    tile = triton.long_row_tile(softmax)
+    tile = launch.long_row_tile(softmax)
     assert tile.config == (8192, 32) and "read again" in tile.reason
-    assert triton.launch_config(softmax, False) == (1, 8192, 32)
-    assert triton.candidate_configs(softmax)[0] == (1, 8192, 32)
+    assert launch.launch_config(softmax, False) == (1, 8192, 32)
+    assert launch.candidate_configs(softmax)[0] == (1, 8192, 32)
     # cross-entropy's forward reads each row once: the default tile
     _, kernels = plan(lambda x, t: F.cross_entropy(x.float(), t), torch.randn(2, 50304, dtype=torch.bfloat16),
                       torch.tensor([0, 5]))
     (forward,) = [kern for kern in kernels if kern.reduce_numel == 50304]
-    assert triton.long_row_tile(forward).config == (2048, 8)
+    assert launch.long_row_tile(forward).config == (2048, 8)
 
 
 def _softmax_kernel_of(x: torch.Tensor) -> k.Kernel:

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from planning import plan
 
 from kiln.codegen import triton as tr
+from kiln.codegen import triton_launch as launch
 
 
 def test_an_element_wise_kernel_of_odd_size_masks_only_its_last_program():
@@ -28,8 +29,8 @@ def test_rows_off_16_byte_boundaries_get_programs_of_one_row():
     # by element; programs of one row run faster for them than programs of two
     _, (odd,) = plan(lambda x: torch.softmax(x, -1), torch.randn(64, 1021, dtype=torch.bfloat16))
     _, (even,) = plan(lambda x: torch.softmax(x, -1), torch.randn(64, 1000, dtype=torch.bfloat16))
-    assert not tr.rows_aligned(odd) and tr.rows_aligned(even)
-    assert tr.launch_config(odd, False)[0] == 1 and tr.launch_config(even, False)[0] == 2
+    assert not launch.rows_aligned(odd) and launch.rows_aligned(even)
+    assert launch.launch_config(odd, False)[0] == 1 and launch.launch_config(even, False)[0] == 2
 
 
 def test_rows_off_16_byte_boundaries_split_into_aligned_bodies_and_edges():
@@ -37,7 +38,7 @@ def test_rows_off_16_byte_boundaries_split_into_aligned_bodies_and_edges():
     # stores each row's aligned body as whole vectors, and the elements around it as a second
     # tile; the two tiles' reductions combine as scalars
     _, (odd_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1021), torch.randn(1021))
-    split = tr.split_rows(odd_rows)
+    split = launch.split_rows(odd_rows)
     assert split is not None and split.vector == 4
     source = tr.render_source(odd_rows)
     assert "xindex = tl.program_id(0)\n" in source  # one row per program
@@ -51,16 +52,16 @@ def test_rows_off_16_byte_boundaries_split_into_aligned_bodies_and_edges():
     assert "km.maximum_nan(" in source  # the maximum of body and edge
     assert "t3_max = tl.maximum(t3_body_max, t3_edge_max)" in source  # their sums, rescaled to it
     assert "t3_body * tl.exp(t3_body_max - t3_shift)" in source
-    assert tr.launch_config(odd_rows, False)[0] == 1 and tr.launch_config(odd_rows, True)[0] == 1
+    assert launch.launch_config(odd_rows, False)[0] == 1 and launch.launch_config(odd_rows, True)[0] == 1
     _, (even_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1000), torch.randn(1000))
-    assert tr.split_rows(even_rows) is None and "rbase" not in tr.render_source(even_rows)
+    assert launch.split_rows(even_rows) is None and "rbase" not in tr.render_source(even_rows)
 
 
 def test_short_rows_and_arg_reductions_do_not_split():
     _, (short,) = plan(lambda x: torch.softmax(x, -1), torch.randn(64, 37))
     _, (arg,) = plan(lambda x: x.argmax(-1), torch.randn(64, 1021))
-    assert not tr.rows_aligned(short) and tr.split_rows(short) is None
-    assert not tr.rows_aligned(arg) and tr.split_rows(arg) is None
+    assert not launch.rows_aligned(short) and launch.split_rows(short) is None
+    assert not launch.rows_aligned(arg) and launch.split_rows(arg) is None
 
 
 def test_kernels_over_rows_off_16_byte_boundaries_assume_no_alignment(tmp_path):
@@ -77,7 +78,7 @@ def test_kernels_over_rows_off_16_byte_boundaries_assume_no_alignment(tmp_path):
     _, (unsplit,) = plan(shifted, torch.randn(64, 1022))
     _, (split,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1021), torch.randn(1021))
     _, (even_rows,) = plan(lambda x, w: torch.softmax(x, -1) * w, torch.randn(64, 1000), torch.randn(1000))
-    assert tr.split_rows(unsplit) is None and not tr.rows_aligned(unsplit)
+    assert launch.split_rows(unsplit) is None and not launch.rows_aligned(unsplit)
     assert compile_args(unsplit, tmp_path / "k.py", (1, 1024, 2), sm90).attrs == {}
     for kernel in (odd, split, even_rows):  # element-wise kernels, split rows, aligned rows
         assert len(compile_args(kernel, tmp_path / "k.py", (1, 1024, 2), sm90).attrs) == len(kernel.params)
@@ -113,7 +114,7 @@ def test_candidate_launch_configurations_start_with_the_heuristic():
     _, (rows,) = plan(lambda x: F.gelu(F.layer_norm(x, (4096,))), torch.randn(8, 4096))
     _, (odd,) = plan(lambda x: torch.softmax(x, -1), torch.randn(8, 1021))
     for kernel in (rows, odd):
-        configs = tr.candidate_configs(kernel)
-        assert configs[0] == tr.launch_config(kernel, False) and len(set(configs)) == len(configs) <= 6
-    assert (1, 4096, 2) in tr.candidate_configs(rows)
-    assert all(x == 1 for x, _, _ in tr.candidate_configs(odd))  # split rows: one row per program
+        configs = launch.candidate_configs(kernel)
+        assert configs[0] == launch.launch_config(kernel, False) and len(set(configs)) == len(configs) <= 6
+    assert (1, 4096, 2) in launch.candidate_configs(rows)
+    assert all(x == 1 for x, _, _ in launch.candidate_configs(odd))  # split rows: one row per program

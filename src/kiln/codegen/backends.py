@@ -63,8 +63,8 @@ def _cpp(options) -> Backend:
 
 
 def _triton(options) -> Backend:
-    from kiln.codegen import triton as tr
     from kiln.codegen import triton_group, triton_math, triton_sizes
+    from kiln.codegen import triton_launch as launch
     from kiln.codegen.templates import matmul
     from kiln.runtime import triton_build
 
@@ -75,9 +75,9 @@ def _triton(options) -> Backend:
 
     unsupported = triton_math.INTERPRETER_UNSUPPORTED if triton_math.INTERPRETED else frozenset()
     # a persistent row lives in registers: keeping it is free, re-reading it is not
-    return Backend("triton", "Triton", triton_group.render_source, build, False, tr.PERSISTENT_MAX, True,
-                   unsupported, tr.BUSY_PROGRAMS, tr.COLUMN_BLOCK, split_small_addmm=True, group_members=16,
-                   group_buffers=128, matmul_templates=options.matmul_templates,
+    return Backend("triton", "Triton", triton_group.render_source, build, False, launch.PERSISTENT_MAX, True,
+                   unsupported, launch.BUSY_PROGRAMS, launch.COLUMN_BLOCK, split_small_addmm=True,
+                   group_members=16, group_buffers=128, matmul_templates=options.matmul_templates,
                    times_matmuls=options.mode == "max-autotune", matmul_tile=matmul.tile,
                    size_choices=triton_sizes.family_choices)
 

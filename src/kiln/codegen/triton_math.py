@@ -449,7 +449,7 @@ else:
         return tl.reshape(x, [x.shape[0]])
 
 
-# A split row's weights (see codegen/triton.split_rows): ptr[start + j] for the body's columns
+# A split row's weights (see codegen/triton_launch.split_rows): ptr[start + j] for the body's columns
 # j as a [1, RBLOCK] tile. The body is whole 16-byte vectors of the row, so where start is off
 # a 16-byte boundary, a load in the body's layout is element by element and a warp's load
 # touches four 128-byte lines. Instead each thread loads the two aligned vectors around its

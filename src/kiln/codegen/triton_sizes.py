@@ -130,8 +130,8 @@ def wide_function(kernel: k.Kernel) -> Callable[..., bool]:
 
 
 def grid_function(kernel: k.Kernel, config: tuple[int, int, int]) -> Callable[..., tuple[int, int, int]]:
-    """The grid of a launch at these sizes (codegen/triton.py's grid, computed per launch)."""
-    from kiln.codegen.triton import grid
+    """The grid of a launch at these sizes (codegen/triton_launch.py's grid, computed per launch)."""
+    from kiln.codegen.triton_launch import grid
 
     g = grid(kernel, config)
     return size_function(kernel, "(" + ", ".join(sz(d) for d in g) + ",)")
@@ -152,7 +152,7 @@ def launch_variants(kernel: k.Kernel, interpreted: bool) -> tuple[tuple, Callabl
     One, the traced example's, except for rows of symbolic length looped in blocks much
     shorter than the longest: those rows LONG_ROWS times the block or longer take
     LONG_ROW_BLOCK."""
-    from kiln.codegen.triton import is_persistent, launch_config
+    from kiln.codegen.triton_launch import is_persistent, launch_config
 
     traced = launch_config(kernel, interpreted)
     looped = kernel.reduce and not is_persistent(kernel) and not k.column_reduction(kernel)
@@ -165,7 +165,7 @@ def launch_variants(kernel: k.Kernel, interpreted: bool) -> tuple[tuple, Callabl
 
 def family_choices(kernel: k.Kernel) -> str:
     """What a family's kernel decided about its sizes, and why (kiln.explain shows it)."""
-    from kiln.codegen.triton import is_persistent, row_tiled
+    from kiln.codegen.triton_launch import is_persistent, row_tiled
 
     names = ", ".join(f"ks{i} = {s} (traced {sizes.hint(s)})" for i, s in enumerate(kernel.sizes))
     configs, _ = launch_variants(kernel, False)

@@ -82,7 +82,7 @@ def launch_configs(kernel: Kernel, autotune: bool, interpreted: bool = False) ->
         if interpreted:
             return [matmul.launch_config(kernel, True)]
         return matmul.candidate_configs(kernel) if autotune else [matmul.launch_config(kernel, False)]
-    from kiln.codegen.triton import candidate_configs, launch_config
+    from kiln.codegen.triton_launch import candidate_configs, launch_config
 
     if interpreted:
         return [launch_config(kernel, True)]
@@ -94,7 +94,7 @@ def launch_grid(kernel: Kernel, config: tuple) -> tuple[int, int, int]:
         from kiln.codegen.templates import matmul
 
         return matmul.grid(kernel, config)
-    from kiln.codegen.triton import grid
+    from kiln.codegen.triton_launch import grid
 
     return grid(kernel, config)
 
@@ -105,7 +105,7 @@ def constexprs(kernel: Kernel, config: tuple) -> dict:
         from kiln.codegen.templates import matmul
 
         return matmul.constexprs(config)
-    from kiln.codegen.triton import assumes_aligned_tensors
+    from kiln.codegen.triton_launch import assumes_aligned_tensors
 
     return {"XBLOCK": config[0], "RBLOCK": config[1], "ALIGNED": assumes_aligned_tensors(kernel)}
 
@@ -136,7 +136,7 @@ def build_all(jobs: list[tuple[Kernel, str]], autotune: bool = False) -> list[Tr
             TritonBuild(_interpreted_launcher(kernel, fn), cached)
             for (kernel, _), (fn, _, cached) in zip(jobs, loaded)
         ]
-    from kiln.codegen.triton import assumes_aligned_tensors
+    from kiln.codegen.triton_launch import assumes_aligned_tensors
 
     kernels = [(kernel, path) for (kernel, _), (_, path, _) in zip(jobs, loaded)]
     all_variants = compile_variants(kernels, triton_abi.current_target(), autotune)
@@ -203,7 +203,7 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
 def _family_launcher(kernel: Kernel, path: Path, jit_fn, binaries: dict) -> Callable:
     """A family's kernel launched at any of its sizes (runtime/triton_family.py); a variant
     not compiled with the graph compiles at the first launch that needs it."""
-    from kiln.codegen.triton import assumes_aligned_tensors
+    from kiln.codegen.triton_launch import assumes_aligned_tensors
     from kiln.runtime.triton_family import FamilyLauncher
 
     target = triton_abi.current_target()
@@ -353,7 +353,7 @@ def compile_args(kernel: Kernel, path: Path, config: tuple, target: tuple, wide:
     signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
     signature.update({f"ks{i}": "i64" if wide else "i32" for i in range(len(kernel.sizes))})
     signature.update({name: "constexpr" for name in constants})
-    from kiln.codegen.triton import assumes_aligned_tensors
+    from kiln.codegen.triton_launch import assumes_aligned_tensors
 
     aligned = assumes_aligned_tensors(kernel) and not any_alignment
     attrs = {(i,): triton_abi.aligned_attr(target) for i in range(len(kernel.params))} if aligned else {}
@@ -396,7 +396,7 @@ def any_alignment_binaries(jobs: list[tuple[Kernel, str, Config]],
     """Per (kernel, source, configuration), its binary compiled for tensors at any address
     (what an artifact launches when a caller's tensor is off a 16-byte boundary), compiled
     together (in parallel); None where the kernel's binaries take any address already."""
-    from kiln.codegen.triton import assumes_aligned_tensors
+    from kiln.codegen.triton_launch import assumes_aligned_tensors
 
     wanted = [(kernel, source, config) for kernel, source, config in jobs if assumes_aligned_tensors(kernel)]
     args = [compile_args(kernel, _load(kernel, source)[1], config, target, any_alignment=True)

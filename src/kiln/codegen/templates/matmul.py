@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from kiln.codegen.triton import HEADER, _Renderer, _round_to, next_pow2
+from kiln.codegen.triton import HEADER, _Renderer, _round_to
+from kiln.codegen.triton_launch import next_pow2
 from kiln.ir import kernel as k
 from kiln.ir.matmul import MatmulKernel, Operand
 
@@ -24,8 +25,8 @@ CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
 LARGE = (128, 256, 64, 8, 8, 3)
 SQUARE = (128, 128, 64, 8, 8, 4)
 SMALL = (64, 64, 32, 8, 4, 3)
-INTERPRETED = (32, 32, 16, 2, 4, 1)
-SMS = 132  # an H100's or H200's multiprocessors  # few programs: the interpreter costs ~1 ms each
+INTERPRETED = (32, 32, 16, 2, 4, 1)  # few programs: the interpreter runs each one in turn
+SMS = 132  # an H100's or H200's multiprocessors
 # (128, 128, 64) over 3 stages leaves room for two programs an SM (shared memory and
 # registers), so that one's epilogue overlaps the other's loop
 CANDIDATES = (
