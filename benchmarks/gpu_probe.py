@@ -47,18 +47,19 @@ def sweep(kernel) -> list[tuple[int, int, int]]:
 def probe_case(name, fn, args, moved, variants) -> list[str]:
     import kiln
     import kiln.codegen.triton as tr
+    import kiln.codegen.triton_launch as triton_launch
 
     lines = []
     t_copy = gpu.copy_time(moved)
     lines.append(f"## {name}: {moved / 1e6:.0f} MB; a copy of as many bytes takes {t_copy * 1e3:.4f} ms")
-    original_render, original_candidates = tr.render_source, tr.candidate_configs
+    original_render, original_candidates = tr.render_source, triton_launch.candidate_configs
     for variant, (cases, edit, meaning) in VARIANTS.items():
         if cases not in name or variant not in variants:
             continue
         cache = tempfile.mkdtemp(prefix="probe-")
         os.environ["KILN_CACHE_DIR"] = cache
         tr.render_source = lambda kern, edit=edit: edit(original_render(kern))
-        tr.candidate_configs = sweep
+        triton_launch.candidate_configs = sweep
         try:
             torch._dynamo.reset()
             compiled = kiln.compile(fn, mode="max-autotune")
@@ -66,7 +67,7 @@ def probe_case(name, fn, args, moved, variants) -> list[str]:
                 compiled(*args)
             t = gpu.bench(compiled, args)
         finally:
-            tr.render_source, tr.candidate_configs = original_render, original_candidates
+            tr.render_source, triton_launch.candidate_configs = original_render, original_candidates
         lines.append(f"- {variant}: {t * 1e3:.4f} ms = {moved / t / 1e12:.2f} TB/s, copy/this "
                      f"{t_copy / t:.2f} {('(' + meaning + ')') if meaning else ''}")
         if variant == "as generated":
