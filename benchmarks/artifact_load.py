@@ -65,7 +65,7 @@ sync()
 first = time.perf_counter() - t1
 torch.testing.assert_close(out, io["expected"], rtol=1e-3, atol=1e-3)
 modules = {name: any(m == name or m.startswith(name + ".") for m in sys.modules)
-           for name in ("triton", "triton.compiler", "torch._dynamo", "torch._inductor")}
+           for name in ("triton", "triton.compiler", "torch._dynamo", "torch._inductor", "sympy")}
 print(json.dumps({"import_torch": imported, "load": loaded, "load_and_first_call": first,
                   "imported": modules}))
 """
@@ -97,11 +97,10 @@ def main() -> None:
     imported = [name for name, yes in runs[0]["imported"].items() if yes]
     print(f"GPT-2 {'2-layer' if args.small else '124M'} forward artifact on {args.device}: "
           f"kiln.load + first call median {median['load_and_first_call']:.3f} s beyond import torch "
-          f"({median['import_torch']:.2f} s); kiln.load alone {median['load']:.3f} s; runs "
+          f"({median['import_torch']:.2f} s); import kiln + kiln.load {median['load']:.3f} s; runs "
           f"{', '.join(format(r['load_and_first_call'], '.3f') for r in runs)}; "
-          f"imported: {', '.join(imported) or 'none of triton, dynamo, inductor'}")
+          f"imported: {', '.join(imported) or 'none of triton, dynamo, inductor, sympy'}")
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     main()
