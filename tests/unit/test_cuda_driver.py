@@ -114,3 +114,20 @@ def test_a_tensor_off_16_bytes_goes_to_the_binary_for_any_address(stand_in_drive
     )
     with pytest.raises(RuntimeError, match="compiled for tensors on 16-byte boundaries"):
         only_aligned(x[1:], x[:8], x[:8])
+
+
+def test_a_launcher_of_its_own_is_no_stored_binary_and_takes_any_address(tmp_path):
+    """max-autotune's cuBLAS candidate sits among a template's variants: storing binaries gives
+    a reason instead of failing, and once chosen it runs whatever the tensors' alignment."""
+    import torch
+
+    from kiln.runtime.autotune import TunedLauncher
+    from kiln.runtime.triton_build import binaries_of
+
+    ran = []
+    variants = {("cublas",): lambda *tensors: ran.append(len(tensors))}
+    assert "not a Triton binary" in binaries_of(variants, lambda config: (1, 1, 1), "kiln_mm_0")
+    launcher = TunedLauncher("kiln_mm_0", lambda config: (1, 1, 1), None, variants, tmp_path / "t.json", 2)
+    off_boundary = torch.empty(9)[1:]
+    launcher(off_boundary, off_boundary)
+    assert ran == [2]

@@ -59,9 +59,9 @@ def export(fn_or_module: Callable, example_args: tuple, path: str | Path, dynami
         raise TypeError("kiln.export takes tensor arguments only")
     target = _code_generator({t.device for t in tensors})
     if target == "triton" and dynamic_shapes is not None:
-        raise NotImplementedError("kiln.export: a shape family (dynamic_shapes) of CUDA inputs: Triton "
-                                  "kernels do not take sizes at launch yet (docs/dynamic_shapes.md); "
-                                  "export each shape")
+        raise NotImplementedError("kiln.export: a shape family (dynamic_shapes) of CUDA inputs: a family's "
+                                  "Triton binaries are chosen and compiled per launch and are not "
+                                  "stored (docs/dynamic_shapes.md); export each shape")
     with torch.no_grad():
         program = torch.export.export(_module_of(fn_or_module), example_args, dynamic_shapes=dynamic_shapes)
         program = program.run_decompositions(decomposition_table())

@@ -20,6 +20,12 @@ from kiln.runtime.cache import write_atomic
 Config = tuple[int, ...]  # XBLOCK, RBLOCK, num_warps; a matmul template's tiles, warps, stages
 
 
+def _own_launcher(config: Config) -> bool:
+    """A configuration named by a string is a launcher of its own (runtime/matmul_candidates.py:
+    cuBLAS and an epilogue kernel), not a compiled binary."""
+    return isinstance(config[0], str)
+
+
 def saved_choice(record: Path) -> Config | None:
     """The configuration a record holds; a missing or unreadable record means timing again."""
     try:
@@ -67,9 +73,11 @@ class TunedLauncher:
     def _choose(self, config: Config) -> None:
         self.choice = config
         self.aligned = self._launch(config)
+        if _own_launcher(config):  # it takes tensors at any address: no check per call
+            self.assumes_aligned = False
 
     def _launch(self, config: Config) -> Callable:
-        if isinstance(config[0], str):  # a launcher of its own (runtime/matmul_candidates.py)
+        if _own_launcher(config):
             return self.variants[config]
         constants = tuple(self.constexprs(config).values()) if self.constexprs else ()
         return triton_abi.direct_launch(self.variants[config], self.grid(config), config, self.n_pointers,
@@ -95,6 +103,8 @@ class TunedLauncher:
             self.record, json.dumps({"config": list(best), "ms": {str(c): t / 5 for c, t in timings.items()}})
         )
         self.choice, self.aligned = best, launches[best]  # the timed launch: its binary is loaded
+        if _own_launcher(best):
+            self.assumes_aligned = False
 
     def _tune_and_launch(self, *tensors) -> None:
         self._tune(tensors)
@@ -105,8 +115,7 @@ class TunedLauncher:
         self.jit_fn[self.grid(config)](*tensors, **self.jit_kwargs(config))
 
     def __call__(self, *tensors) -> None:
-        chosen_launcher = self.choice is not None and isinstance(self.choice[0], str)
-        if chosen_launcher or not self.assumes_aligned or all(t.data_ptr() % 16 == 0 for t in tensors):
+        if not self.assumes_aligned or all(t.data_ptr() % 16 == 0 for t in tensors):
             self.aligned(*tensors)
         else:
             self._launch_unaligned(tensors)

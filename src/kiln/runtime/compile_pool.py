@@ -25,9 +25,9 @@ from pathlib import Path
 log = logging.getLogger("kiln")
 
 # Fewer compiles than this run here: a worker's first compile sets up Triton's CUDA backend
-# again, which this process has done already, and costs more than a few kernels save. Large
-# kernels (an optimizer step's groups) take seconds each: two or more with this much source
-# between them go to the workers too.
+# again, which this process has done already, and costs more than a few kernels save. A
+# compile's time grows with its kernel's source (an optimizer step's groups are large): two
+# or more compiles with this much source between them go to the workers too.
 MIN_POOL_JOBS = 8
 MIN_POOL_SOURCE_BYTES = 64 << 10
 

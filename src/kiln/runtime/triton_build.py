@@ -383,6 +383,8 @@ def binaries_of(variants: dict[Config, object], grid: Callable[[Config], tuple],
     """Each configuration's CompiledKernel as a KernelBinary, or why one cannot be stored."""
     binaries = []
     for config, compiled in variants.items():
+        if not hasattr(compiled, "asm"):  # a launcher of its own (max-autotune's cuBLAS candidate)
+            return f"{name} has a candidate that is not a Triton binary ({config[0]})"
         used = _resources(compiled)
         binary = triton_abi.binary_of(compiled, config, grid(config), used[0] if used else None)
         if isinstance(binary, str):
