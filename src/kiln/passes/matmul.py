@@ -262,8 +262,6 @@ def use_templates(
         if node.op is not Op.EXTERN or node.attrs[0] not in MATMULS:
             continue
         label = node_label(node) + f" {node.attrs[0]}"
-        # this decision replaces the one that the call runs in ATen
-        sched.decisions[:] = [d for d in sched.decisions if not (d.verdict == "extern" and d.node == label)]
         try:
             decisions.append(
                 _decide(node, label, sched, kernels, names, layouts, forced, ceilings, timed, tile)
@@ -274,6 +272,8 @@ def use_templates(
             decisions.append(
                 Decision(label, "cuBLAS", f"no template: internal error {type(e).__name__}: {e}")
             )
+    decided = {d.node for d in decisions}  # these replace the calls' decisions to run in ATen
+    sched.decisions[:] = [d for d in sched.decisions if not (d.verdict == "extern" and d.node in decided)]
     return decisions
 
 
