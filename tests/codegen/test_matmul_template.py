@@ -63,6 +63,16 @@ def test_source_has_grouped_tiles_and_the_epilogue_after_the_loop():
     assert "t1 = product" in epilogue and "tl.load(in1" not in source  # the product never loads
 
 
+def test_a_narrow_output_indexes_by_the_templates_own_coordinates():
+    """An epilogue over (m, n) with n too short for row tiling would index by the flat index of
+    point-wise kernels, which the template does not define: it indexes by its rows and columns."""
+    source = template.render_source(bias_gelu(512, 128, 64))
+    epilogue = source.split("xmask = ", 1)[1]
+    assert "tl.store(out0" in epilogue
+    assert "xindex" not in source
+    compile(source, "<template>", "exec")
+
+
 def test_launch_configs_fit_the_shape():
     assert template.launch_config(bias_gelu(8192, 3072, 768), False) == template.LARGE
     assert template.launch_config(bias_gelu(8192, 4096, 4096), False) == template.LARGE

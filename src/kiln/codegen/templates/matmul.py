@@ -123,6 +123,7 @@ class _TemplateRenderer(_Renderer):
     def __init__(self, kernel: MatmulKernel):
         super().__init__(kernel)
         self.mm = kernel
+        self.flat = False  # the template defines its own coordinates (x0, x1), not a flat index
 
     def stmt(self, s: k.Stmt, depth: int, in_loop: bool) -> None:
         if isinstance(s, k.Load) and s.buf == self.mm.product:
