@@ -259,7 +259,7 @@ def test_a_family_launch_picks_its_binary_from_the_sizes(monkeypatch):
     monkeypatch.setattr(triton_abi, "own_launch",
                         lambda binary, constants: lambda grid, args: ran.append((binary, constants[3], grid)))
 
-    def compile_variant(key):
+    def compile_variant(key, config):
         compiles.append(key)
         return key
 
@@ -305,6 +305,20 @@ def test_long_rows_of_a_family_take_a_wider_block(monkeypatch):
     configs, choose = launch_variants(kernel, False)  # on a GPU: the traced row's block, 32
     assert [c[1] for c in configs] == [32, LONG_ROW_BLOCK]
     assert (choose(BATCH, 17), choose(BATCH, LONG_ROWS * 32 - 1), choose(BATCH, LONG_ROWS * 32)) == (0, 0, 1)
+
+    # a launcher built at compile time compiles a long-row binary at its first long row, later,
+    # with the configuration it chose then, not one chosen again without the traced sizes
+    from kiln.runtime import triton_abi, triton_family
+
+    compiles = []
+    launcher = triton_family.FamilyLauncher(
+        kernel, None, lambda key, config: compiles.append((key, config)) or key, {}, True
+    )
+    monkeypatch.undo()
+    monkeypatch.setattr(triton_abi, "own_launch", lambda binary, constants: lambda grid, args: None)
+    x = object()
+    launcher.aligned(x, x, BATCH, LONG_ROWS * 32)
+    assert [(key[0], config) for key, config in compiles] == [(1, configs[1])]
 
 
 def test_training_with_varying_lengths_compiles_forward_and_backward_once():

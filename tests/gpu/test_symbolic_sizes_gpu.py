@@ -15,8 +15,7 @@ LENGTHS = (2, 3, 16, 17, 64, 1000, 4096, 4097)  # multiples of 16 and not: both 
 
 
 @pytest.fixture(autouse=True)
-def fresh_stats(monkeypatch):
-    monkeypatch.setenv("KILN_GPU_FAMILIES", "1")  # off by default until these tests pass on a GPU
+def fresh_stats():
     torch._dynamo.reset()
     kiln.reset_stats()
 
@@ -44,8 +43,10 @@ def test_element_wise_matmul_softmax_and_layer_norm_serve_every_length(dtype):
     compiled = kiln.compile(f, dynamic=True)
     for n in LENGTHS:
         x = randn(5, n, 64, dtype=dtype)
-        for got, want in zip(compiled(x), f(x)):
-            assert_same(got, want, tol)
+        # a sum of n values in another order: float32 rounding grows with the sum's sqrt(n) size
+        sum_tol = tol or {"rtol": 1e-4, "atol": 1e-5 * n**0.5}
+        for got, want, t in zip(compiled(x), f(x), (tol, tol, tol, sum_tol)):
+            assert_same(got, want, t)
     assert_one_family()
 
 

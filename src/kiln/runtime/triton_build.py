@@ -208,18 +208,22 @@ def _family_launcher(kernel: Kernel, path: Path, jit_fn, binaries: dict) -> Call
 
     target = triton_abi.current_target()
 
-    def compile_variant(key):
-        return _compile_at_register_budgets([family_compile_args(kernel, path, target, key)])[0]
+    def compile_variant(key, config):
+        return _compile_at_register_budgets([family_compile_args(kernel, path, target, key, config)])[0]
 
     return FamilyLauncher(kernel, jit_fn, compile_variant, binaries, assumes_aligned_tensors(kernel))
 
 
-def family_compile_args(kernel: Kernel, path: Path, target: tuple, key: tuple) -> compile_pool.CompileArgs:
-    """compile_args for one binary of a family's kernel (runtime/triton_family.VariantKey)."""
+def family_compile_args(kernel: Kernel, path: Path, target: tuple, key: tuple,
+                        config: tuple | None = None) -> compile_pool.CompileArgs:
+    """compile_args for one binary of a family's kernel (runtime/triton_family.VariantKey).
+    A launcher passes the configuration it chose at build time: outside the compile the
+    sizes' traced values, which launch_variants reads, are gone."""
     from kiln.codegen.triton_sizes import launch_variants
 
-    configs, _ = launch_variants(kernel, False)
-    return compile_args(kernel, path, configs[key[0]], target, key[1], key[2])
+    if config is None:
+        config = launch_variants(kernel, False)[0][key[0]]
+    return compile_args(kernel, path, config, target, key[1], key[2])
 
 
 # An SM holds 65536 registers and 2048 threads (in at most 32 programs) and gives a warp its

@@ -43,7 +43,7 @@ class FamilyLauncher:
         self,
         kernel: Kernel,
         jit_fn,
-        compile_variant: Callable[[VariantKey], Any],
+        compile_variant: Callable[[VariantKey, tuple], Any],
         binaries: dict[VariantKey, Any],
         assumes_aligned: bool,
     ):
@@ -73,7 +73,7 @@ class FamilyLauncher:
         key = variant_key(config, self.needs_wide(*sizes), sizes, self.divisibility)
         launch = self.launches.get(key)
         if launch is None:
-            launch = self.launches[key] = self._launcher(key, self.compile_variant(key))
+            launch = self.launches[key] = self._launcher(key, self.compile_variant(key, self.configs[key[0]]))
         launch(g, args)
 
     def __call__(self, *args) -> None:
