@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
 from typing import Any, Callable
 
 import torch
@@ -62,19 +64,48 @@ def _backend_entry_point_installed() -> bool:
     return any(ep.group == "torch_dynamo_backends" and ep.name == "kiln" for ep in dist.entry_points)
 
 
+def _kiln_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
+    from kiln.frontend.backend import kiln_backend
+
+    return kiln_backend(gm, example_inputs, **kwargs)
+
+
 def _register_backend() -> None:
-    from torch._dynamo import list_backends, register_backend
+    # imports nothing of Dynamo's backends: this may run while torch._functorch is importing
+    from torch._dynamo.backends.registry import register_backend
 
-    if "kiln" not in list_backends(exclude_tags=()):
-        from kiln.frontend.backend import kiln_backend
+    try:
+        register_backend(_kiln_backend, name="kiln")
+    except AssertionError:  # registered already
+        pass
 
-        register_backend(name="kiln")(kiln_backend)
+
+class _RegisterOnDynamoImport:
+    """Registers the backend right after torch._dynamo is imported: a source checkout has no
+    entry point, and importing Dynamo here would cost a second that loading an artifact,
+    which never needs Dynamo, must not pay."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch._dynamo":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            execute = spec.loader.exec_module
+
+            def exec_module(module):
+                execute(module)
+                _register_backend()
+
+            spec.loader.exec_module = exec_module
+        return spec
 
 
-# Importing Dynamo costs about a second: an installed kiln leaves registering the backend to
-# its entry point; a source checkout run without installing has none, so it registers here.
 if not _backend_entry_point_installed():
-    _register_backend()
+    if "torch._dynamo" in sys.modules:
+        _register_backend()
+    else:
+        sys.meta_path.insert(0, _RegisterOnDynamoImport())
 
 
 def explain(fn: Callable, *args: Any, options: dict | None = None, measure: bool = False, **kwargs: Any):

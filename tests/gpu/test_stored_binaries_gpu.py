@@ -37,9 +37,7 @@ class _Block(torch.nn.Module):
 
 
 def _run(script: str, tmp_path, **env) -> str:
-    # a graph-cache hit launches stored binaries only when asked, until these tests pass on a GPU
-    env = {**os.environ, "PYTHONPATH": SRC, "KILN_CACHE_DIR": str(tmp_path / "cache"),
-           "KILN_STORED_BINARIES": "1", **env}
+    env = {**os.environ, "PYTHONPATH": SRC, "KILN_CACHE_DIR": str(tmp_path / "cache"), **env}
     env.pop("TRITON_INTERPRET", None)
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True, timeout=600
@@ -61,6 +59,9 @@ def exported(tmp_path_factory):
     return path, tmp
 
 
+FORBIDDEN = ("triton", "torch._dynamo", "torch._inductor", "torch._functorch.aot_autograd")
+
+
 def test_a_fresh_process_runs_the_artifact_without_triton_or_dynamo(exported, tmp_path):
     path, tmp = exported
     manifest = json.loads((path / "manifest.json").read_text())
@@ -69,18 +70,29 @@ def test_a_fresh_process_runs_the_artifact_without_triton_or_dynamo(exported, tm
     assert list((path / "kernels").glob("*.cubin"))
     out = _run(
         f"""
-        import sys, torch, kiln
+        import sys, traceback
+
+        class FirstForbiddenImport:  # names the import chains that pulled a compiler in
+            stacks = {{}}
+
+            def find_spec(self, name, path=None, target=None):
+                root = next((f for f in {FORBIDDEN!r} if name.startswith(f)), None)
+                if root is not None and root not in self.stacks:
+                    self.stacks[root] = name + " imported from\\n" + "".join(traceback.format_stack(limit=30))
+
+        watch = FirstForbiddenImport()
+        sys.meta_path.insert(0, watch)
+        import torch, kiln
         io = torch.load({str(tmp / "io.pt")!r})
         program = kiln.load({str(path)!r})
         outs = [program(io["x"]), program(io["x_unaligned"]), program(io["x"])]
         torch.cuda.synchronize()
-        loaded = [m for m in sys.modules if m.startswith(("triton", "torch._dynamo", "torch._inductor",
-                                                            "torch._functorch.aot_autograd"))]
+        loaded = [m for m in sys.modules if m.startswith({FORBIDDEN!r})]
         assert io["x_unaligned"].data_ptr() % 16 != 0
         for got in outs:
             for a, e in zip(got, io["expected"]):
                 torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
-        assert not loaded, loaded
+        assert not loaded, "\\n".join(watch.stacks.values())
         print("ok")
     """,
         tmp_path,
