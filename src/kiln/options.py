@@ -146,18 +146,15 @@ def env_symbolic() -> bool:
 
 
 def env_gpu_families() -> bool:
-    """KILN_GPU_FAMILIES=1 compiles shape families for a real GPU too. Off by default: the
-    family kernels' launch path (sizes as arguments, per-launch binaries) has run only through
-    Triton's interpreter and for sm_90 without a GPU, not on one; a GPU graph of symbolic
-    shapes compiles per shape until then."""
-    return os.environ.get("KILN_GPU_FAMILIES", "") not in ("", "0")
+    """KILN_GPU_FAMILIES=0 compiles a GPU graph of symbolic shapes once per shape it meets;
+    by default a shape family compiles once on GPUs too."""
+    return os.environ.get("KILN_GPU_FAMILIES", "1") not in ("", "0")
 
 
 def env_stored_binaries() -> bool:
-    """KILN_STORED_BINARIES=1 launches a graph-cache entry's stored GPU binaries through the
-    CUDA driver on a hit. Off by default: that launch path has not run on a GPU; a hit builds
-    its kernels through Triton's cache instead (the entries still store the binaries)."""
-    return os.environ.get("KILN_STORED_BINARIES", "") not in ("", "0")
+    """KILN_STORED_BINARIES=0 builds a graph-cache hit's GPU kernels through Triton's cache;
+    by default a hit launches the entry's stored binaries through the CUDA driver."""
+    return os.environ.get("KILN_STORED_BINARIES", "1") not in ("", "0")
 
 
 def env_graph_cache() -> bool:

@@ -31,12 +31,14 @@ def test_forced_templates_match_eager(dtype, shape):
     assert _verdicts(report) == ["template"]
 
 
-def test_cost_model_takes_the_template_for_a_gpt2_mlp_layer():
+def test_cost_model_takes_cublas_and_one_epilogue_for_a_gpt2_mlp_layer():
+    # priced at 70% of cuBLAS's rate the template loses here; measured, the two are within
+    # a few percent (docs/matmul_templates.md): cuBLAS, then bias and GELU in one kernel
     x = torch.randn(8192, 768, device=CUDA, dtype=torch.bfloat16)
     w = torch.randn(768, 3072, device=CUDA, dtype=torch.bfloat16) * 0.036
     b = torch.randn(3072, device=CUDA, dtype=torch.bfloat16)
     report = check(_bias_gelu, x, w, b)
-    assert _verdicts(report) == ["template"] and report.num_kernels == 1
+    assert _verdicts(report) == ["cuBLAS"] and report.num_kernels == 1
 
 
 def test_max_autotune_times_cublas_and_matches_eager():

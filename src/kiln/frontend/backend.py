@@ -156,7 +156,7 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
     device = graph_device(example_inputs)
     target = resolve_target(options.target, device)
     if device.type == "cuda" and not env_gpu_families():
-        raise FamilyFailed("shape families on a GPU are off (KILN_GPU_FAMILIES=1 turns them on)")
+        raise FamilyFailed("shape families on a GPU are off (KILN_GPU_FAMILIES=0)")
     if getattr(options, "check", False):  # the numerics check compares kernels at concrete sizes
         raise FamilyFailed("the numerics check compiles per shape")
     reason = _unsupported_reason(example_inputs, target, family=True)
