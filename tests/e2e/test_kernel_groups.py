@@ -2,7 +2,9 @@
 another writes does not join its group."""
 
 import dataclasses
+import os
 
+import pytest
 import torch
 from conftest import assert_same
 
@@ -67,3 +69,27 @@ def test_a_group_takes_at_most_the_backends_buffers(monkeypatch):
     assert_same(out, f(*args))
     launches = _launches(report)
     assert len(launches) == 2 and all(len(launch.args) <= 6 for launch in launches), report.host_program
+
+
+@pytest.mark.skipif(os.environ.get("KILN_TARGET") != "triton", reason="the Triton target's grouping rule")
+def test_on_a_gpu_only_launch_bound_kernels_join_a_group(monkeypatch):
+    """A Triton member runs over a flat index: a kernel whose work hides its launch (by the
+    cost model) stays a launch of its own and keeps its tiling; small ones still group."""
+    from kiln.runtime import triton_build
+
+    def not_run(kernel, jit_fn):  # the decision is made at compile time: skip the interpreter
+        def launch(*tensors):
+            pass
+
+        launch.aligned = launch
+        return launch
+
+    monkeypatch.setattr(triton_build, "_interpreted_launcher", not_run)
+
+    def f(big, a, b):
+        return big.sigmoid() * 2, a.relu() + 1, b.tanh() * 3
+
+    _, report = _compiled(f, torch.randn(1024, 4096), torch.randn(33), torch.randn(7, 5))
+    (group,) = [d for d in report.decisions if d.verdict == "grouped"]
+    assert group.reason.startswith("2 "), group
+    assert len(_launches(report)) == 2, report.host_program

@@ -36,6 +36,9 @@ class Backend:
     # buffers one group takes at most: a C++ group's call passes each (ctypes takes 1024); a
     # Triton group is one function whose compile grows with its members' code
     group_buffers: int = 1024
+    # whether only launch-bound kernels join groups: a Triton member runs over a flat index,
+    # so a kernel long enough to hide its launch would lose its own tiling and gain nothing
+    group_launch_bound_only: bool = False
     # matmul templates with fused epilogues (passes/matmul.py): False never, True wherever
     # they apply, None where the cost model predicts they pay (on GPUs)
     matmul_templates: bool | None = False
@@ -77,7 +80,8 @@ def _triton(options) -> Backend:
     # a persistent row lives in registers: keeping it is free, re-reading it is not
     return Backend("triton", "Triton", triton_group.render_source, build, False, launch.PERSISTENT_MAX, True,
                    unsupported, launch.BUSY_PROGRAMS, launch.COLUMN_BLOCK, split_small_addmm=True,
-                   group_members=16, group_buffers=128, matmul_templates=options.matmul_templates,
+                   group_members=16, group_buffers=128, group_launch_bound_only=True,
+                   matmul_templates=options.matmul_templates,
                    times_matmuls=options.mode == "max-autotune", matmul_tile=matmul.tile,
                    size_choices=triton_sizes.family_choices)
 

@@ -4,10 +4,13 @@ update in its own kernel (its own shape); grouped, the whole step is a few launc
 
 Kernels join a group while none reads or writes a buffer another member writes (then their
 order does not matter), no ATen call stands between them, and the group stays under the
-backend's limits of members and buffers.
+backend's limits of members and buffers. On a GPU only launch-bound kernels join: a larger
+one hides its launch behind the work queued before it, and in a group it would lose its tiling.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from kiln.ir.group import make_group
 from kiln.ir.kernel import Kernel
@@ -32,9 +35,10 @@ def _buffers(kern: Kernel) -> tuple[set[str], set[str]]:
 
 
 def group_kernels(sched: Schedule, kernels: dict[int, Kernel], max_members: int,
-                  max_buffers: int = 1024) -> list[Decision]:
+                  max_buffers: int = 1024, joins: Callable[[Kernel], bool] | None = None) -> list[Decision]:
     """Replace runs of groupable kernels in sched.steps (and kernels) by groups of at most
-    max_members kernels and max_buffers buffers."""
+    max_members kernels and max_buffers buffers; where joins is given, only kernels it accepts
+    join a group."""
     if max_members < 2:
         return []
     runs: list[list[KernelPlan]] = [[]]
@@ -43,7 +47,7 @@ def group_kernels(sched: Schedule, kernels: dict[int, Kernel], max_members: int,
     args = 0
     for step in sched.steps:
         kern = kernels.get(id(step)) if isinstance(step, KernelPlan) else None
-        if kern is None or not _groupable(kern):
+        if kern is None or not _groupable(kern) or (joins is not None and not joins(kern)):
             runs.append([])
             reads, writes, args = set(), set(), 0
             continue

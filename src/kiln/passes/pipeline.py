@@ -196,7 +196,8 @@ def _compile_graph(
         for name in [n for n in report.fallbacks if n not in left_in_aten and templates]:
             if any(d.node.endswith(" " + name) for d in templates if d.verdict == "template"):
                 del report.fallbacks[name]  # every call of it became a matmul template
-        groups = group_kernels(sched, kernels, backend.group_members, backend.group_buffers)
+        joins = _launch_bound(example_inputs) if backend.group_launch_bound_only else None
+        groups = group_kernels(sched, kernels, backend.group_members, backend.group_buffers, joins)
         kernels = _name_by_content(kernels, sched)
         sched.decisions.extend(updates + templates + groups)
         for step in sched.steps:
@@ -247,18 +248,31 @@ def _compile_graph(
     return call, report
 
 
-def _matmul_templates(sched, kernels, names, layouts, backend: Backend, example_inputs) -> list[Decision]:
-    """passes/matmul.py where the backend has templates: forced, or by the cost model on a GPU
-    (from the device's measured ceilings when known; a compile does not time the device)."""
-    if backend.matmul_templates is False:
-        return []
-    device = graph_device(example_inputs)
-    if backend.matmul_templates is None and device.type != "cuda":
-        return []
+def _gpu_ceilings(example_inputs):
+    """The device's measured ceilings when known (a compile does not time the device), else
+    the nominal GPU's."""
     from kiln.passes.cost import NOMINAL_GPU
     from kiln.runtime.ceilings import known_ceilings
 
-    ceilings = (known_ceilings(device) if device.type == "cuda" else None) or NOMINAL_GPU
+    device = graph_device(example_inputs)
+    return (known_ceilings(device) if device.type == "cuda" else None) or NOMINAL_GPU
+
+
+def _launch_bound(example_inputs) -> Callable[[Kernel], bool]:
+    """Whether the cost model predicts a kernel's launch costs more than its work."""
+    from kiln.passes.cost import kernel_cost
+
+    ceilings = _gpu_ceilings(example_inputs)
+    return lambda kern: kernel_cost(kern, ceilings).bound == "launch"
+
+
+def _matmul_templates(sched, kernels, names, layouts, backend: Backend, example_inputs) -> list[Decision]:
+    """passes/matmul.py where the backend has templates: forced, or by the cost model on a GPU."""
+    if backend.matmul_templates is False:
+        return []
+    if backend.matmul_templates is None and graph_device(example_inputs).type != "cuda":
+        return []
+    ceilings = _gpu_ceilings(example_inputs)
     forced = backend.matmul_templates is True
     timed, tile = backend.times_matmuls, backend.matmul_tile
     return use_templates(sched, kernels, names, layouts, forced, ceilings, timed, tile)
