@@ -79,11 +79,12 @@ def _name_kernels_by_graph() -> None:
     from kiln.passes import pipeline
 
     name_by_content = getattr(pipeline._name_by_content, "original", pipeline._name_by_content)
-    graph_number = iter(range(10**6))
+    graph_numbers: dict[int, int] = {}
 
-    def unique_names(kernels):
-        prefix = f"g{next(graph_number)}_"
-        return {k: dataclasses.replace(v, name=prefix + v.name) for k, v in name_by_content(kernels).items()}
+    def unique_names(kernels, sched):
+        prefix = f"g{graph_numbers.setdefault(id(sched.graph), len(graph_numbers))}_"
+        named = name_by_content(kernels, sched)
+        return {k: dataclasses.replace(v, name=prefix + v.name) for k, v in named.items()}
 
     unique_names.original = name_by_content
     pipeline._name_by_content = unique_names
