@@ -12,7 +12,7 @@ import torch
 
 from kiln.codegen.templates import matmul as template
 from kiln.ir.index import Sym, as_expr
-from kiln.ir.kernel import Compute, Kernel, Load, Param, Stage, Store
+from kiln.ir.kernel import Compute, Const, Kernel, Load, Param, Stage, Store
 from kiln.ir.matmul import MatmulKernel, Operand
 from kiln.passes import cost
 
@@ -124,6 +124,64 @@ def test_compiles_for_sm90_on_wgmma(tmp_path):
     lines = proc.stdout.split("\n")
     assert "8192 3072 768 wgmma 8" in lines
     assert all("no-wgmma" not in line for line in lines), proc.stdout
+
+
+def gelu_backward(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16) -> MatmulKernel:
+    """A tanh GELU's backward on the product (the gradient reaching it) and a saved input h
+    of the product's shape, as a GPT-2 MLP's backward makes it: a heavy epilogue."""
+    x0, x1 = Sym("x0", m), Sym("x1", n)
+    flat = as_expr(x0) * n + as_expr(x1)
+    f32 = torch.float32
+    ops = [  # out, op, args: g * (0.5 * (1 + t) + 0.5 * h * (1 - t^2) * c * (1 + 3 * 0.044715 * h^2))
+        ("h2", "mul", ("h", "h")), ("h3", "mul", ("h2", "h")), ("a", "mul", ("h3", "k1")),
+        ("u", "add", ("h", "a")), ("v", "mul", ("u", "c")), ("t", "tanh", ("v",)),
+        ("t2", "mul", ("t", "t")), ("s", "sub", ("one", "t2")), ("hs", "mul", ("h", "s")),
+        ("e", "mul", ("h2", "k3")), ("e1", "add", ("one", "e")), ("d", "mul", ("hs", "e1")),
+        ("d1", "mul", ("d", "c")), ("d2", "mul", ("d1", "half")), ("p", "add", ("one", "t")),
+        ("p1", "mul", ("p", "half")), ("q", "add", ("p1", "d2")), ("r", "mul", ("g", "q")),
+    ]
+    body = (
+        Load("gl", "in1", flat, dtype), Load("hl", "in0", flat, dtype),
+        Compute("g", "cast", ("gl",), f32), Compute("h", "cast", ("hl",), f32),
+        Const("k1", 0.044715, f32), Const("k3", 3 * 0.044715, f32), Const("c", 0.7978845608028654, f32),
+        Const("one", 1.0, f32), Const("half", 0.5, f32),
+        *(Compute(out, op, args, f32) for out, op, args in ops),
+        Compute("rl", "cast", ("r",), dtype), Store("out0", flat, "rl", dtype),
+    )
+    params = (Param("in0", dtype, False), Param("out0", dtype, True), Param("mat_a", dtype, False),
+              Param("mat_b", dtype, False))
+    return MatmulKernel("kiln_mm_gelu_backward_0", (x0, x1), (), params, (Stage(False, body),),
+                        args=("h", "y", "x", "w"), m=m, n=n, k=k, a=Operand("mat_a", 0, (k, 1)),
+                        b=Operand("mat_b", 0, (1, k)), product="in1", product_dtype=dtype,
+                        operand_dtype=dtype)
+
+
+SPILLS = textwrap.dedent("""
+    import pickle, sys
+    from kiln.runtime import triton_build
+
+    for kern in pickle.load(open(sys.argv[1], "rb")):
+        print(kern.name, triton_build.template_spill_bytes(kern, ("cuda", 90, 32)))
+""")
+
+
+def test_a_heavy_epilogue_spills_and_the_cost_model_refuses_its_template(tmp_path):
+    """The spills are read from the binary compiled for sm_90 (no GPU needed): a bias and GELU
+    fit beside the accumulator, a GELU backward reading a second tile does not."""
+    path = tmp_path / "kernels.pkl"
+    path.write_bytes(pickle.dumps([bias_gelu(8192, 3072, 768), gelu_backward(16384, 3072, 768)]))
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", SPILLS, str(path)], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    spilled = {name: int(n) for name, n in (line.split() for line in proc.stdout.split("\n") if line)}
+    assert spilled["kiln_mm_add_gelu_0"] <= cost.TEMPLATE_SPILL_LIMIT < spilled["kiln_mm_gelu_backward_0"]
+    chosen = cost.MatmulChoice(True, "template with the epilogue fused: ...")
+    refused = cost.refuse_spilling(chosen, spilled["kiln_mm_gelu_backward_0"])
+    assert not refused.template and refused.reason.startswith("cuBLAS: the template's epilogue spills")
+    assert cost.refuse_spilling(chosen, spilled["kiln_mm_add_gelu_0"]) is chosen
+    assert cost.refuse_spilling(chosen, None) is chosen  # nothing compiled: the interpreter
 
 
 CEILINGS = cost.NOMINAL_GPU

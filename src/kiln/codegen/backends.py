@@ -46,6 +46,8 @@ class Backend:
     times_matmuls: bool = False
     # a matmul template's (BLOCK_M, BLOCK_N, share of the SMs its waves keep busy)
     matmul_tile: Callable | None = None
+    # stack bytes a thread of a matmul template spills, compiled (None: not known)
+    matmul_spills: Callable | None = None
     # what a shape family's kernel decided about its sizes (a reason kiln.explain shows)
     size_choices: Callable[[Kernel], str] | None = None
 
@@ -83,6 +85,7 @@ def _triton(options) -> Backend:
                    group_members=16, group_buffers=128, group_launch_bound_only=True,
                    matmul_templates=options.matmul_templates,
                    times_matmuls=options.mode == "max-autotune", matmul_tile=matmul.tile,
+                   matmul_spills=triton_build.template_spill_bytes,
                    size_choices=triton_sizes.family_choices)
 
 

@@ -611,5 +611,22 @@ def choose_matmul(template, epilogue: Kernel | None, cublas: Cost, ceilings: Cei
     return MatmulChoice(False, f"cuBLAS: {times}", fused, separate)
 
 
+# Stack bytes a thread of a template may spill at its tile: a little spilling costs little, a
+# heavy epilogue's spilling costs several times the template's predicted time
+# (docs/matmul_templates.md).
+TEMPLATE_SPILL_LIMIT = 256
+
+
+def refuse_spilling(choice: MatmulChoice, spilled: int | None) -> MatmulChoice:
+    """The template loses where its compiled epilogue spills registers past the limit: the
+    cost model's rates assume a template that keeps its tile in registers."""
+    if not choice.template or spilled is None or spilled <= TEMPLATE_SPILL_LIMIT:
+        return choice
+    return dataclasses.replace(
+        choice, template=False,
+        reason=f"cuBLAS: the template's epilogue spills {spilled} bytes a thread at its tile "
+               f"(over {TEMPLATE_SPILL_LIMIT}); predicted {choice.reason}")
+
+
 def dtype_text(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")

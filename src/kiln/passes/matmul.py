@@ -251,12 +251,15 @@ def use_templates(
     ceilings,
     timed: bool = False,
     tile=None,
+    spills=None,
 ) -> list[Decision]:
     """Fuse qualifying matmuls into their epilogue kernels (in sched.steps and kernels), as
     forced (every qualifying one) or as the cost model chooses; returns the decisions. timed
     (max-autotune): every qualifying matmul with an epilogue becomes a template whose first
     call times cuBLAS with the epilogue as a kernel of its own against its configurations.
-    tile: the backend's (BLOCK_M, BLOCK_N, share of SMs busy) for a MatmulKernel."""
+    tile: the backend's (BLOCK_M, BLOCK_N, share of SMs busy) for a MatmulKernel; spills: the
+    stack bytes a thread of its compiled binary spills (a template the cost model chose is
+    compiled to learn it)."""
     decisions = []
     for node in [s for s in sched.steps if not isinstance(s, KernelPlan)]:
         if node.op is not Op.EXTERN or node.attrs[0] not in MATMULS:
@@ -264,7 +267,7 @@ def use_templates(
         label = node_label(node) + f" {node.attrs[0]}"
         try:
             decisions.append(
-                _decide(node, label, sched, kernels, names, layouts, forced, ceilings, timed, tile)
+                _decide(node, label, sched, kernels, names, layouts, forced, ceilings, timed, tile, spills)
             )
         except Exception as e:  # a template is an optimization: its failure must not fail the program
             if env_debug():
@@ -278,7 +281,7 @@ def use_templates(
 
 
 def _decide(
-    node: Node, label: str, sched, kernels, names, layouts, forced, ceilings, timed, tile
+    node: Node, label: str, sched, kernels, names, layouts, forced, ceilings, timed, tile, spills=None
 ) -> Decision:
     """One matmul: a template in the schedule (and its Decision), or cuBLAS and why."""
     mm, why = _as_matmul(node)
@@ -300,6 +303,8 @@ def _decide(
     # against cuBLAS, which writes the product itself, and the epilogue's kernel as it is
     share = tile(template)[2] if tile is not None else 1.0
     choice = cost.choose_matmul(template, separate, _cublas_cost(mm, ceilings), ceilings, forced, share)
+    if choice.template and not forced and not timed and spills is not None:
+        choice = cost.refuse_spilling(choice, spills(template))
     # 16-bit operands only: eager's float32 matmul is IEEE float32, where cuBLAS wins
     if timed and not forced and epilogue is not None and mm.a.dtype.itemsize == 2:
         template = dataclasses.replace(template, cublas_candidate=True)

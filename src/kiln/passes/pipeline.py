@@ -275,7 +275,7 @@ def _matmul_templates(sched, kernels, names, layouts, backend: Backend, example_
     ceilings = _gpu_ceilings(example_inputs)
     forced = backend.matmul_templates is True
     timed, tile = backend.times_matmuls, backend.matmul_tile
-    return use_templates(sched, kernels, names, layouts, forced, ceilings, timed, tile)
+    return use_templates(sched, kernels, names, layouts, forced, ceilings, timed, tile, backend.matmul_spills)
 
 
 def _launch_roots(sched: Schedule, kernels: dict[int, Kernel]) -> dict[tuple, list[Node]]:

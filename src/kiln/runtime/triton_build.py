@@ -5,6 +5,7 @@ launched through the CUDA driver without Triton (launchers_from_binaries)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable
@@ -290,8 +291,6 @@ def _resources(compiled) -> tuple[int, int] | None:
 def _compile_at_register_budgets(jobs: list[compile_pool.CompileArgs]) -> list:
     """Compile every job; for CUDA, again under its register budgets in turn, keeping the
     first binary that does not spill more than the uncapped one."""
-    import dataclasses
-
     compiled = compile_pool.compile_all(jobs)
     pending = []  # (job index, budgets left to try, stack bytes uncapped)
     for i, (job, binary) in enumerate(zip(jobs, compiled)):
@@ -381,6 +380,30 @@ def compile_for_target(kernel: Kernel, source: str, arch: int = 90, warp_size: i
     return _compile_at_register_budgets(
         [compile_args(kernel, path, launch_configs(kernel, False)[0], ("cuda", arch, warp_size))]
     )[0]
+
+
+_SPILLS: dict[str, int | None] = {}
+
+
+def template_spill_bytes(kernel: Kernel, target: tuple | None = None) -> int | None:
+    """Stack bytes a thread of a matmul template spills at the heuristic's configuration,
+    compiled for target (this process's GPU by default); None where nothing is compiled
+    (Triton's interpreter). Layers of one model share a template's text: compiled once."""
+    from kiln.codegen.triton_group import render_source
+
+    if interpreted():
+        return None
+    target = tuple(target or triton_abi.current_target())
+    probe = dataclasses.replace(kernel, name="kiln_template_probe")
+    source = render_source(probe)
+    key = f"{target}:{source}"
+    if key not in _SPILLS:
+        _, path, _ = _load(probe, source)
+        config = launch_configs(probe, False)[0]
+        binary = _compile_at_register_budgets([compile_args(probe, path, config, target)])[0]
+        used = _resources(binary)
+        _SPILLS[key] = used[1] if used else None
+    return _SPILLS[key]
 
 
 def binaries_of(variants: dict[Config, object], grid: Callable[[Config], tuple], name: str) -> list | str:
