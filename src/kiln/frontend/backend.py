@@ -480,7 +480,8 @@ def _compile_symbolic(gm: fx.GraphModule, example_inputs: list[Any], options: Op
             reason = _family_reason(e)
     counters.compiled_per_shape(reason)
     log.info("kiln: a graph with symbolic shapes compiles per shape: %s", reason)
-    recompiles_log.debug("kiln: a graph with symbolic shapes compiles per shape: %s", reason)
+    # each later shape's compile is logged under recompiles: the reason belongs beside them
+    recompiles_log.info("kiln: a graph with symbolic shapes compiles per shape: %s", reason)
     return _PerShape(gm, options)
 
 
