@@ -30,6 +30,9 @@ if sys.argv[1] == "source checkout":  # no installed package: no metadata, no en
 if sys.argv[1] != "no import":
     import kiln  # noqa: F401
 assert ("kiln" in sys.modules) == (sys.argv[1] != "no import")
+if sys.argv[1] == "source checkout":  # the backend registers once Dynamo is imported, not before
+    assert "torch._dynamo" not in sys.modules
+    import torch._functorch.aot_autograd  # noqa: F401 - it imports Dynamo midway through itself
 fn = lambda x: torch.relu(x) * 2 + 1
 x = torch.randn(33, 17)
 torch.testing.assert_close(torch.compile(fn, backend="kiln")(x), fn(x))
