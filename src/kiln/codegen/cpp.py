@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from kiln.codegen import base
 from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
-from kiln.ir.index import Expr, FloorDiv, Mod, Sym
+from kiln.ir.index import Expr
 from kiln.ir.kernel import compute_dtype
 from kiln.ir.sizes import is_symbolic
 from kiln.ir.sizes import render as sc
@@ -49,19 +50,7 @@ def ctype(dtype: torch.dtype) -> str:
 
 
 def render_index(e: Expr) -> str:
-    parts = []
-    for atom, coef in e.terms:
-        if isinstance(atom, Sym):
-            text = atom.name
-        elif isinstance(atom, FloorDiv):
-            text = f"({render_index(atom.arg)}) / {sc(atom.divisor)}"
-        elif isinstance(atom, Mod):
-            text = f"({render_index(atom.arg)}) % {sc(atom.divisor)}"
-        text = f"({text})" if isinstance(atom, (FloorDiv, Mod)) else text
-        parts.append(text if coef == 1 else f"{sc(coef)} * {text}")
-    if e.const != 0 or not parts:
-        parts.append(sc(e.const))
-    return " + ".join(parts)
+    return base.render_index(e, "/", sc)
 
 
 def _at_least(n, limit: int) -> bool:
@@ -77,8 +66,7 @@ def _size_params(kern: k.Kernel) -> str:
 def literal(value, dtype: torch.dtype) -> str:
     if is_symbolic(value):  # a size of the shape family (a mean's count)
         return f"(({ctype(dtype)})({sc(value)}))"
-    if dtype in (torch.bfloat16, torch.float16):
-        value = torch.tensor(float(value), dtype=dtype).item()  # a constant of this dtype holds its value
+    value = base.held_value(value, dtype)
     dtype = compute_dtype(dtype)
     if dtype is torch.bool:
         return "true" if value else "false"
@@ -102,11 +90,6 @@ _FLOAT_FN = {  # name -> C function for float; double drops the trailing f
     "erf": "erff", "erfc": "erfcf", "floor": "floorf", "ceil": "ceilf", "round": "nearbyintf",
     "trunc": "truncf", "abs": "fabsf",
 }
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": "!=", "lt": "<",
-          "le": "<=", "gt": ">", "ge": ">=", "bitwise_and": "&", "bitwise_or": "|",
-          "bitwise_xor": "^"}
-
-
 def _round_to(expr: str, dtype: torch.dtype) -> str:
     if dtype is torch.bfloat16:
         return f"kiln_round_bf16({expr})"
@@ -123,90 +106,104 @@ def render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
 
 
 def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
-    a = s.args
     t = compute_dtype(arg_types[0]) if arg_types else compute_dtype(s.dtype)
-    is_fp = t.is_floating_point
-    fn = s.fn
-    if fn == "cast":
-        src, dst = arg_types[0], s.dtype
-        if dst is torch.bool:
-            return f"({a[0]} != 0)"
-        if dst is torch.bfloat16:
-            return f"kiln_round_bf16((float){a[0]})"
-        if dst is torch.float16:
-            return f"kiln_round_f16((float){a[0]})"
-        if not dst.is_floating_point and src.is_floating_point:
-            return f"(({ctype(dst)})(int64_t){a[0]})" if dst is torch.uint8 else f"(({ctype(dst)}){a[0]})"
-        return f"(({ctype(dst)}){a[0]})"
-    if fn in _INFIX:
-        if fn in ("add", "mul") and t is torch.bool:
-            return f"({a[0]} {'||' if fn == 'add' else '&&'} {a[1]})"
-        return f"({a[0]} {_INFIX[fn]} {a[1]})"
-    if fn in _FLOAT_FN and is_fp:
-        name = _FLOAT_FN[fn] if t is torch.float32 else _FLOAT_FN[fn][:-1]
-        name = {"fabs": "fabs", "nearbyint": "nearbyint"}.get(name, name)
-        return f"{name}({a[0]})"
-    if fn == "abs":
-        return f"({a[0]} < 0 ? -{a[0]} : {a[0]})" if t is not torch.bool else a[0]
-    if fn == "neg":
-        return f"(-{a[0]})"
-    if fn == "rsqrt":
-        return f"(({ctype(t)})1 / std::sqrt({a[0]}))"
-    if fn == "reciprocal":
-        return f"(({ctype(t)})1 / {a[0]})"
-    if fn == "sigmoid":
-        return f"kiln_sigmoid({a[0]})"
-    if fn == "gelu":
-        return f"kiln_gelu({a[0]})"
-    if fn == "sign":
-        return f"kiln_sign({a[0]})" if t is not torch.bool else a[0]
-    if fn == "isnan":
-        return f"({a[0]} != {a[0]})"
-    if fn == "isinf":
-        return f"std::isinf({a[0]})"
-    if fn == "logical_not":
-        return f"(!{a[0]})"
-    if fn == "bitwise_not":
-        return f"(!{a[0]})" if t is torch.bool else f"(~{a[0]})"
-    if fn == "logical_and":
-        return f"((bool){a[0]} && (bool){a[1]})"
-    if fn == "logical_or":
-        return f"((bool){a[0]} || (bool){a[1]})"
-    if fn == "logical_xor":
-        return f"((bool){a[0]} != (bool){a[1]})"
-    if fn in ("maximum", "minimum"):
-        if t is torch.bool:
-            return f"({a[0]} {'||' if fn == 'maximum' else '&&'} {a[1]})"
-        return f"kiln_{fn}<{ctype(t)}>({a[0]}, {a[1]})"
-    if fn == "where":
-        return f"({a[0]} ? {a[1]} : {a[2]})"
-    if fn in ("lshift", "rshift") and not is_fp:
-        return f"kiln_{fn}<{ctype(t)}>({a[0]}, {a[1]})"
-    if fn == "floordiv":
-        return f"kiln_floordiv_fp<{ctype(t)}>({a[0]}, {a[1]})" if is_fp else f"kiln_floordiv({a[0]}, {a[1]})"
-    if fn == "truncdiv":
-        if not is_fp:
-            return f"kiln_truncdiv({a[0]}, {a[1]})"
-        return f"std::trunc({_round_like(f'{a[0]} / {a[1]}', arg_types)})"
-    if fn == "remainder":
-        if is_fp:
-            return f"kiln_remainder_fp<{ctype(t)}>({a[0]}, {a[1]})"
-        return f"kiln_remainder({a[0]}, {a[1]})"
-    if fn == "fmod":
-        return f"std::fmod({a[0]}, {a[1]})" if is_fp else f"kiln_fmod({a[0]}, {a[1]})"
-    if fn == "pow":
-        if not is_fp:
-            return f"kiln_pow({a[0]}, {a[1]})"
-        return f"{'powf' if t is torch.float32 else 'pow'}({a[0]}, {a[1]})"  # powf has a SIMD variant
-    if fn == "atan2":
-        return f"std::atan2({a[0]}, {a[1]})"
-    if fn == "copysign":
-        return f"std::copysign({a[0]}, {a[1]})"
-    if fn in ("floor", "ceil", "round", "trunc"):
-        return a[0]
-    if fn in ("philox_uniform", "philox_normal"):  # (seed, offset), the prelude's Philox
-        return f"kiln_{fn}({a[0]}, {a[1]})"
-    raise CppUnsupported(f"no C++ rendering of {fn} on {t}")
+    text = base.render_op(_OPS, s, t, arg_types)
+    if text is None:
+        raise CppUnsupported(f"no C++ rendering of {s.fn} on {t}")
+    return text
+
+
+def _cast(a, c: base.OpContext) -> str:
+    src, dst = c.arg_types[0], c.out
+    if dst is torch.bool:
+        return f"({a[0]} != 0)"
+    if dst in (torch.bfloat16, torch.float16):
+        return _round_to(f"(float){a[0]}", dst)
+    if not dst.is_floating_point and src.is_floating_point and dst is torch.uint8:
+        return f"(({ctype(dst)})(int64_t){a[0]})"
+    return f"(({ctype(dst)}){a[0]})"
+
+
+def _infix(op: str, on_bool: str | None = None) -> base.Rule:
+    """a op b; on bools, on_bool where the C++ operator would promote to int."""
+    return lambda a, c: f"({a[0]} {on_bool if on_bool and c.t is torch.bool else op} {a[1]})"
+
+
+def _float_fn(name: str, otherwise: base.Rule | None = None) -> base.Rule:
+    """name(a) on float (libm's float function), its double form (no trailing f) on double;
+    otherwise on other types."""
+    def rule(a, c):
+        if c.fp:
+            return f"{name if c.t is torch.float32 else name[:-1]}({a[0]})"
+        return otherwise(a, c) if otherwise else None
+    return rule
+
+
+def _on_bool(value: base.Rule, otherwise: base.Rule) -> base.Rule:
+    return lambda a, c: value(a, c) if c.t is torch.bool else otherwise(a, c)
+
+
+def _fp_or_int(fp: base.Rule, integer: base.Rule) -> base.Rule:
+    return lambda a, c: fp(a, c) if c.fp else integer(a, c)
+
+
+def _same(a, c) -> str:
+    return a[0]
+
+
+_FLOAT_FN = {  # name -> libm's function for float
+    "exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "log10": "log10f",
+    "log1p": "log1pf", "expm1": "expm1f", "sqrt": "sqrtf", "sin": "sinf", "cos": "cosf",
+    "tan": "tanf", "asin": "asinf", "acos": "acosf", "atan": "atanf", "sinh": "sinhf",
+    "cosh": "coshf", "tanh": "tanhf", "asinh": "asinhf", "acosh": "acoshf", "atanh": "atanhf",
+    "erf": "erff", "erfc": "erfcf",
+}
+_OPS: dict[str, base.Rule] = {
+    "cast": _cast,
+    **{fn: _infix(op) for fn, op in {**base.INFIX, "div": "/"}.items()},
+    "add": _infix("+", "||"),
+    "mul": _infix("*", "&&"),
+    **{fn: _float_fn(name) for fn, name in _FLOAT_FN.items()},
+    "abs": _float_fn("fabsf", _on_bool(_same, lambda a, c: f"({a[0]} < 0 ? -{a[0]} : {a[0]})")),
+    # on integers, rounding is the identity
+    "floor": _float_fn("floorf", _same),
+    "ceil": _float_fn("ceilf", _same),
+    "round": _float_fn("nearbyintf", _same),
+    "trunc": _float_fn("truncf", _same),
+    "neg": lambda a, c: f"(-{a[0]})",
+    "rsqrt": lambda a, c: f"(({ctype(c.t)})1 / std::sqrt({a[0]}))",
+    "reciprocal": lambda a, c: f"(({ctype(c.t)})1 / {a[0]})",
+    "sigmoid": lambda a, c: f"kiln_sigmoid({a[0]})",
+    "gelu": lambda a, c: f"kiln_gelu({a[0]})",
+    "sign": _on_bool(_same, lambda a, c: f"kiln_sign({a[0]})"),
+    "isnan": lambda a, c: f"({a[0]} != {a[0]})",
+    "isinf": lambda a, c: f"std::isinf({a[0]})",
+    "logical_not": lambda a, c: f"(!{a[0]})",
+    "bitwise_not": _on_bool(lambda a, c: f"(!{a[0]})", lambda a, c: f"(~{a[0]})"),
+    "logical_and": lambda a, c: f"((bool){a[0]} && (bool){a[1]})",
+    "logical_or": lambda a, c: f"((bool){a[0]} || (bool){a[1]})",
+    "logical_xor": lambda a, c: f"((bool){a[0]} != (bool){a[1]})",
+    "maximum": _on_bool(_infix("||"), lambda a, c: f"kiln_maximum<{ctype(c.t)}>({a[0]}, {a[1]})"),
+    "minimum": _on_bool(_infix("&&"), lambda a, c: f"kiln_minimum<{ctype(c.t)}>({a[0]}, {a[1]})"),
+    "where": lambda a, c: f"({a[0]} ? {a[1]} : {a[2]})",
+    "lshift": lambda a, c: None if c.fp else f"kiln_lshift<{ctype(c.t)}>({a[0]}, {a[1]})",
+    "rshift": lambda a, c: None if c.fp else f"kiln_rshift<{ctype(c.t)}>({a[0]}, {a[1]})",
+    "floordiv": _fp_or_int(lambda a, c: f"kiln_floordiv_fp<{ctype(c.t)}>({a[0]}, {a[1]})",
+                           lambda a, c: f"kiln_floordiv({a[0]}, {a[1]})"),
+    "truncdiv": _fp_or_int(lambda a, c: f"std::trunc({_round_like(f'{a[0]} / {a[1]}', c.arg_types)})",
+                           lambda a, c: f"kiln_truncdiv({a[0]}, {a[1]})"),
+    "remainder": _fp_or_int(lambda a, c: f"kiln_remainder_fp<{ctype(c.t)}>({a[0]}, {a[1]})",
+                            lambda a, c: f"kiln_remainder({a[0]}, {a[1]})"),
+    "fmod": _fp_or_int(lambda a, c: f"std::fmod({a[0]}, {a[1]})", lambda a, c: f"kiln_fmod({a[0]}, {a[1]})"),
+    # powf, not std::pow, on float: it has a SIMD variant
+    "pow": _fp_or_int(lambda a, c: f"{'powf' if c.t is torch.float32 else 'pow'}({a[0]}, {a[1]})",
+                      lambda a, c: f"kiln_pow({a[0]}, {a[1]})"),
+    "atan2": lambda a, c: f"std::atan2({a[0]}, {a[1]})",
+    "copysign": lambda a, c: f"std::copysign({a[0]}, {a[1]})",
+    # (seed, offset): the prelude's Philox
+    "philox_uniform": lambda a, c: f"kiln_philox_uniform({a[0]}, {a[1]})",
+    "philox_normal": lambda a, c: f"kiln_philox_normal({a[0]}, {a[1]})",
+}
 
 
 def _round_like(expr: str, arg_types: list[torch.dtype]) -> str:

@@ -13,12 +13,13 @@ from dataclasses import replace
 
 import torch
 
+from kiln.codegen import base
 from kiln.codegen.triton_launch import SPLIT_EDGE, is_persistent, row_tiled, split_rows
 from kiln.codegen.triton_sizes import is_family, size_names, sz
 from kiln.ir import index as ix
 from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
-from kiln.ir.index import Expr, FloorDiv, Sym
+from kiln.ir.index import Expr, Sym
 from kiln.ir.kernel import compute_dtype
 from kiln.ir.sizes import (
     NeedsNumber,
@@ -50,25 +51,13 @@ def tl_type(dtype: torch.dtype) -> str:
 
 
 def render_index(e: Expr) -> str:
-    parts = []
-    for atom, coef in e.terms:
-        if isinstance(atom, Sym):
-            text = atom.name
-        elif isinstance(atom, FloorDiv):
-            text = f"(({render_index(atom.arg)}) // {sz(atom.divisor)})"
-        else:
-            text = f"(({render_index(atom.arg)}) % {sz(atom.divisor)})"
-        parts.append(text if coef == 1 else f"{sz(coef)} * {text}")
-    if e.const != 0 or not parts:
-        parts.append(sz(e.const))
-    return " + ".join(parts)
+    return base.render_index(e, "//", sz)
 
 
 def literal(value, dtype: torch.dtype) -> str:
     if is_symbolic(value):  # a size of the shape family (a mean's count), converted as eager does
         return _size_literal(value, dtype)
-    if dtype in (torch.bfloat16, torch.float16):
-        value = torch.tensor(float(value), dtype=dtype).item()  # a constant of this dtype holds its value
+    value = base.held_value(value, dtype)
     t = compute_dtype(dtype)
     if t is torch.bool:
         v = "1" if value else "0"
@@ -91,16 +80,6 @@ def _size_literal(value, dtype: torch.dtype) -> str:
     return _round_to(f"{count}.to({tl_type(t)})", dtype)
 
 
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
-          "gt": ">", "ge": ">=", "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^",
-          "lshift": "<<", "rshift": ">>"}
-_TL_UNARY = {"exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2", "sin": "tl.sin",
-             "cos": "tl.cos", "erf": "tl.erf", "floor": "tl.floor",
-             "ceil": "tl.ceil", "sigmoid": "tl.sigmoid", "abs": "tl.abs"}
-_KM_UNARY = {"tanh", "log1p", "expm1", "erfc", "tan", "sinh", "cosh", "asinh", "acosh", "atanh",
-             "asin", "acos", "atan", "log10"}
-
-
 def _round_to(expr: str, dtype: torch.dtype) -> str:
     if dtype is torch.bfloat16:
         return f"km.round_bf16({expr})"
@@ -119,103 +98,123 @@ def render_compute(s: k.Compute, arg_types: list[torch.dtype], only_stored: bool
 
 
 def _render_compute(s: k.Compute, arg_types: list[torch.dtype]) -> str:
-    a = s.args
     t = compute_dtype(arg_types[-1] if s.fn == "where" else arg_types[0])
-    fp = t.is_floating_point
-    fn = s.fn
-    if fn == "cast":
-        dst = s.dtype
-        if dst is torch.bool:
-            return f"({a[0]} != 0)"
-        if dst in (torch.bfloat16, torch.float16):
-            # through float32, as eager converts (a float64 is rounded twice there too)
-            return _round_to(f"{a[0]}.to(tl.float32)", dst)
-        if dst is torch.uint8 and fp:
-            return f"{a[0]}.to(tl.int64).to(tl.uint8)"
-        return f"{a[0]}.to({tl_type(dst)})"
-    if fn in _INFIX:
-        if t is torch.bool and fn in ("add", "mul"):
-            return f"({a[0]} {'|' if fn == 'add' else '&'} {a[1]})"
-        return f"({a[0]} {_INFIX[fn]} {a[1]})"
-    # float32 division and square root rounded as IEEE (Triton's defaults are approximate);
-    # float64 ones are exact already
-    f32 = t is torch.float32
-    div = (lambda x, y: f"tl.math.div_rn({x}, {y})") if f32 else (lambda x, y: f"({x} / {y})")  # noqa: E731
-    sqrt = "tl.sqrt_rn" if f32 else "tl.sqrt"
-    if fn == "div":
-        return div(a[0], a[1])
-    if fn == "sqrt" and fp:
-        return f"{sqrt}({a[0]})"
-    if fn == "erf" and f32:
-        return f"km.erf_f32({a[0]})"
-    if fn == "gelu":
-        return f"km.gelu({a[0]})" if f32 else f"({a[0]} * 0.5 * (1.0 + tl.erf({a[0]} * 0.7071067811865476)))"
-    if fn in _TL_UNARY and (fp or fn == "abs"):
-        return f"{_TL_UNARY[fn]}({a[0]})"
-    if fn in _KM_UNARY and fp:
-        return f"km.{fn}({a[0]})"
-    if fn == "round":
-        return f"km.nearbyint({a[0]})" if fp else a[0]
-    if fn == "trunc":
-        return f"km.trunc({a[0]})" if fp else a[0]
-    if fn in ("floor", "ceil"):
-        return a[0]
-    if fn == "neg":  # Triton's unary minus is 0 - x, which makes -(+0.0) +0.0
-        return f"({a[0]} * -1.0)" if fp else f"(-{a[0]})"
-    if fn == "rsqrt":
-        return div("1.0", f"{sqrt}({a[0]})")
-    if fn == "reciprocal":
-        return div("1.0", a[0])
-    if fn == "sign":
-        if t is torch.bool:
-            return a[0]
-        # sign(NaN) is 0 in eager
-        return f"(({a[0]} > 0).to({tl_type(t)}) - ({a[0]} < 0).to({tl_type(t)}))"
-    if fn == "isnan":
-        return f"({a[0]} != {a[0]})"
-    if fn == "isinf":
-        return f"(tl.abs({a[0]}) == float('inf'))"
-    if fn in ("logical_not",) or (fn == "bitwise_not" and t is torch.bool):
-        return f"({a[0]} == 0)"
-    if fn == "bitwise_not":
-        return f"(~{a[0]})"
-    if fn == "logical_and":
-        return f"(({a[0]} != 0) & ({a[1]} != 0))"
-    if fn == "logical_or":
-        return f"(({a[0]} != 0) | ({a[1]} != 0))"
-    if fn == "logical_xor":
-        return f"(({a[0]} != 0) ^ ({a[1]} != 0))"
-    if fn in ("maximum", "minimum"):
-        if t is torch.bool:
+    text = base.render_op(_OPS, s, t, arg_types)
+    if text is None:
+        raise TritonUnsupported(f"no Triton rendering of {s.fn} on {t}")
+    return text
+
+
+def _cast(a, c: base.OpContext) -> str:
+    dst = c.out
+    if dst is torch.bool:
+        return f"({a[0]} != 0)"
+    if dst in (torch.bfloat16, torch.float16):
+        # through float32, as eager converts (a float64 is rounded twice there too)
+        return _round_to(f"{a[0]}.to(tl.float32)", dst)
+    if dst is torch.uint8 and c.fp:
+        return f"{a[0]}.to(tl.int64).to(tl.uint8)"
+    return f"{a[0]}.to({tl_type(dst)})"
+
+
+def _infix(op: str, on_bool: str | None = None) -> base.Rule:
+    return lambda a, c: f"({a[0]} {on_bool if on_bool and c.t is torch.bool else op} {a[1]})"
+
+
+# float32 division and square root rounded as IEEE (Triton's defaults are approximate);
+# float64 ones are exact already
+def _div(x: str, y: str, c: base.OpContext) -> str:
+    return f"tl.math.div_rn({x}, {y})" if c.t is torch.float32 else f"({x} / {y})"
+
+
+def _sqrt(c: base.OpContext) -> str:
+    return "tl.sqrt_rn" if c.t is torch.float32 else "tl.sqrt"
+
+
+def _on_fp(rule: base.Rule, otherwise: base.Rule | None = None) -> base.Rule:
+    """rule on floating-point operands; otherwise (or no rendering) on others."""
+    return lambda a, c: rule(a, c) if c.fp else (otherwise(a, c) if otherwise else None)
+
+
+def _same(a, c) -> str:
+    return a[0]
+
+
+def _extreme(fn: str) -> base.Rule:
+    """maximum, minimum: eager's NaN if either is NaN, else the first operand on ties (-0.0
+    against 0.0)."""
+    beats = ">" if fn == "maximum" else "<"
+
+    def rule(a, c):
+        if c.t is torch.bool:
             return f"({a[0]} {'|' if fn == 'maximum' else '&'} {a[1]})"
-        if fp:  # eager: NaN if either is NaN, else the first operand on ties (-0.0 vs 0.0)
-            beats = ">" if fn == "maximum" else "<"
+        if c.fp:
             return f"tl.where(({a[1]} {beats} {a[0]}) | ({a[1]} != {a[1]}), {a[1]}, {a[0]})"
         return f"tl.{fn}({a[0]}, {a[1]})"
-    if fn == "where":
-        return f"tl.where({a[0]}, {a[1]}, {a[2]})"
-    if fn == "floordiv":
-        return f"km.floordiv_fp({a[0]}, {a[1]})" if fp else f"km.floordiv_int({a[0]}, {a[1]})"
-    if fn == "truncdiv":
-        if not fp:
-            return f"km.truncdiv_int({a[0]}, {a[1]})"
-        low = [d for d in arg_types if d in (torch.bfloat16, torch.float16)]
-        quotient = _round_to(div(a[0], a[1]), low[0]) if len(low) == len(arg_types) else div(a[0], a[1])
-        return f"km.trunc({quotient})"
-    if fn == "remainder":
-        return f"km.remainder_fp({a[0]}, {a[1]})" if fp else f"km.remainder_int({a[0]}, {a[1]})"
-    if fn == "fmod":
-        return f"({a[0]} % {a[1]})" if fp else f"km.fmod_int({a[0]}, {a[1]})"
-    if fn == "pow":
-        return f"km.pow({a[0]}, {a[1]})" if fp else f"km.pow_int({a[0]}, {a[1]})"
-    if fn in ("atan2", "copysign") and fp:
-        return f"km.{fn}({a[0]}, {a[1]})"
-    if fn in _RANDOM:  # (seed, offset): Triton's Philox; offsets in int64, as the C++ prelude
-        return f"{_RANDOM[fn]}({a[0]}, {a[1]}.to(tl.int64))"
-    raise TritonUnsupported(f"no Triton rendering of {fn} on {t}")
+    return rule
 
 
+def _truncdiv_fp(a, c: base.OpContext) -> str:
+    low = [d for d in c.arg_types if d in (torch.bfloat16, torch.float16)]
+    quotient = _div(a[0], a[1], c)
+    return f"km.trunc({_round_to(quotient, low[0]) if len(low) == len(c.arg_types) else quotient})"
+
+
+def _km(name: str, arity: int = 1) -> base.Rule:
+    """triton_math's function of that name."""
+    return lambda a, c: f"km.{name}({', '.join(a[:arity])})"
+
+
+_TL_UNARY = {"exp": "tl.exp", "exp2": "tl.exp2", "log": "tl.log", "log2": "tl.log2", "sin": "tl.sin",
+             "cos": "tl.cos", "sigmoid": "tl.sigmoid"}
+_KM_UNARY = ("tanh", "log1p", "expm1", "erfc", "tan", "sinh", "cosh", "asinh", "acosh", "atanh",
+             "asin", "acos", "atan", "log10")
 _RANDOM = {"philox_uniform": "tl.rand", "philox_normal": "tl.randn"}
+_OPS: dict[str, base.Rule] = {
+    "cast": _cast,
+    **{fn: _infix(op) for fn, op in {**base.INFIX, "lshift": "<<", "rshift": ">>"}.items()},
+    "add": _infix("+", "|"),
+    "mul": _infix("*", "&"),
+    "div": lambda a, c: _div(a[0], a[1], c),
+    "sqrt": _on_fp(lambda a, c: f"{_sqrt(c)}({a[0]})"),
+    **{fn: _on_fp(lambda a, c, f=f: f"{f}({a[0]})") for fn, f in _TL_UNARY.items()},
+    **{fn: _on_fp(_km(fn)) for fn in _KM_UNARY},
+    "erf": _on_fp(lambda a, c: f"km.erf_f32({a[0]})" if c.t is torch.float32 else f"tl.erf({a[0]})"),
+    "gelu": lambda a, c: (f"km.gelu({a[0]})" if c.t is torch.float32
+                          else f"({a[0]} * 0.5 * (1.0 + tl.erf({a[0]} * 0.7071067811865476)))"),
+    "abs": lambda a, c: f"tl.abs({a[0]})",
+    # on integers, rounding is the identity
+    "floor": _on_fp(lambda a, c: f"tl.floor({a[0]})", _same),
+    "ceil": _on_fp(lambda a, c: f"tl.ceil({a[0]})", _same),
+    "round": _on_fp(_km("nearbyint"), _same),
+    "trunc": _on_fp(_km("trunc"), _same),
+    # Triton's unary minus is 0 - x, which makes -(+0.0) +0.0
+    "neg": _on_fp(lambda a, c: f"({a[0]} * -1.0)", lambda a, c: f"(-{a[0]})"),
+    "rsqrt": lambda a, c: _div("1.0", f"{_sqrt(c)}({a[0]})", c),
+    "reciprocal": lambda a, c: _div("1.0", a[0], c),
+    # sign(NaN) is 0 in eager
+    "sign": lambda a, c: a[0] if c.t is torch.bool else (
+        f"(({a[0]} > 0).to({tl_type(c.t)}) - ({a[0]} < 0).to({tl_type(c.t)}))"),
+    "isnan": lambda a, c: f"({a[0]} != {a[0]})",
+    "isinf": lambda a, c: f"(tl.abs({a[0]}) == float('inf'))",
+    "logical_not": lambda a, c: f"({a[0]} == 0)",
+    "bitwise_not": lambda a, c: f"({a[0]} == 0)" if c.t is torch.bool else f"(~{a[0]})",
+    "logical_and": lambda a, c: f"(({a[0]} != 0) & ({a[1]} != 0))",
+    "logical_or": lambda a, c: f"(({a[0]} != 0) | ({a[1]} != 0))",
+    "logical_xor": lambda a, c: f"(({a[0]} != 0) ^ ({a[1]} != 0))",
+    "maximum": _extreme("maximum"),
+    "minimum": _extreme("minimum"),
+    "where": lambda a, c: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+    "floordiv": _on_fp(_km("floordiv_fp", 2), _km("floordiv_int", 2)),
+    "truncdiv": _on_fp(_truncdiv_fp, _km("truncdiv_int", 2)),
+    "remainder": _on_fp(_km("remainder_fp", 2), _km("remainder_int", 2)),
+    "fmod": _on_fp(lambda a, c: f"({a[0]} % {a[1]})", _km("fmod_int", 2)),
+    "pow": _on_fp(_km("pow", 2), _km("pow_int", 2)),
+    "atan2": _on_fp(_km("atan2", 2)),
+    "copysign": _on_fp(_km("copysign", 2)),
+    # (seed, offset): Triton's Philox; offsets in int64, as the C++ prelude
+    **{fn: (lambda a, c, f=f: f"{f}({a[0]}, {a[1]}.to(tl.int64))") for fn, f in _RANDOM.items()},
+}
 
 
 _IDENTITY = {"sum": "0", "prod": "1", "any": "0", "all": "1", "expsum": "0"}
