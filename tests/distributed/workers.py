@@ -104,4 +104,6 @@ def train(rank: int, world: int, kind: str, port: int, out: str, steps: int = 3)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(result, f)
+    # ranks leave together: gloo aborts a rank whose peers closed their connections first
+    dist.barrier()
     dist.destroy_process_group()
