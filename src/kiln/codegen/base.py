@@ -61,6 +61,21 @@ class OpContext:
 Rule = Callable[[tuple[str, ...], OpContext], "str | None"]
 
 
+def infix(op: str, on_bool: str | None = None) -> Rule:
+    """a op b; on bools, on_bool where the language's operator would not stay boolean."""
+    return lambda a, c: f"({a[0]} {on_bool if on_bool and c.t is torch.bool else op} {a[1]})"
+
+
+def on_fp(rule: Rule, otherwise: Rule | None = None) -> Rule:
+    """rule on floating-point operands; otherwise (or no rendering) on others."""
+    return lambda a, c: rule(a, c) if c.fp else (otherwise(a, c) if otherwise else None)
+
+
+def first_arg(a, c) -> str:
+    """The operand itself (rounding an integer, the sign of a bool)."""
+    return a[0]
+
+
 def render_op(table: dict[str, Rule], s: k.Compute, t: torch.dtype,
               arg_types: list[torch.dtype]) -> str | None:
     """s rendered by its row of table (t: the dtype it computes in); None where no row covers

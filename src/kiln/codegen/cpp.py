@@ -82,14 +82,6 @@ def literal(value, dtype: torch.dtype) -> str:
     return f"(({ctype(dtype)}){int(value)}LL)" if abs(int(value)) < 2**63 else "0"
 
 
-_FLOAT_FN = {  # name -> C function for float; double drops the trailing f
-    "exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "log10": "log10f",
-    "log1p": "log1pf", "expm1": "expm1f", "sqrt": "sqrtf", "sin": "sinf", "cos": "cosf",
-    "tan": "tanf", "asin": "asinf", "acos": "acosf", "atan": "atanf", "sinh": "sinhf",
-    "cosh": "coshf", "tanh": "tanhf", "asinh": "asinhf", "acosh": "acoshf", "atanh": "atanhf",
-    "erf": "erff", "erfc": "erfcf", "floor": "floorf", "ceil": "ceilf", "round": "nearbyintf",
-    "trunc": "truncf", "abs": "fabsf",
-}
 def _round_to(expr: str, dtype: torch.dtype) -> str:
     if dtype is torch.bfloat16:
         return f"kiln_round_bf16({expr})"
@@ -119,36 +111,19 @@ def _cast(a, c: base.OpContext) -> str:
         return f"({a[0]} != 0)"
     if dst in (torch.bfloat16, torch.float16):
         return _round_to(f"(float){a[0]}", dst)
-    if not dst.is_floating_point and src.is_floating_point and dst is torch.uint8:
+    if dst is torch.uint8 and src.is_floating_point:  # through int64, as eager converts
         return f"(({ctype(dst)})(int64_t){a[0]})"
     return f"(({ctype(dst)}){a[0]})"
-
-
-def _infix(op: str, on_bool: str | None = None) -> base.Rule:
-    """a op b; on bools, on_bool where the C++ operator would promote to int."""
-    return lambda a, c: f"({a[0]} {on_bool if on_bool and c.t is torch.bool else op} {a[1]})"
 
 
 def _float_fn(name: str, otherwise: base.Rule | None = None) -> base.Rule:
     """name(a) on float (libm's float function), its double form (no trailing f) on double;
     otherwise on other types."""
-    def rule(a, c):
-        if c.fp:
-            return f"{name if c.t is torch.float32 else name[:-1]}({a[0]})"
-        return otherwise(a, c) if otherwise else None
-    return rule
+    return base.on_fp(lambda a, c: f"{name if c.t is torch.float32 else name[:-1]}({a[0]})", otherwise)
 
 
 def _on_bool(value: base.Rule, otherwise: base.Rule) -> base.Rule:
     return lambda a, c: value(a, c) if c.t is torch.bool else otherwise(a, c)
-
-
-def _fp_or_int(fp: base.Rule, integer: base.Rule) -> base.Rule:
-    return lambda a, c: fp(a, c) if c.fp else integer(a, c)
-
-
-def _same(a, c) -> str:
-    return a[0]
 
 
 _FLOAT_FN = {  # name -> libm's function for float
@@ -160,22 +135,22 @@ _FLOAT_FN = {  # name -> libm's function for float
 }
 _OPS: dict[str, base.Rule] = {
     "cast": _cast,
-    **{fn: _infix(op) for fn, op in {**base.INFIX, "div": "/"}.items()},
-    "add": _infix("+", "||"),
-    "mul": _infix("*", "&&"),
+    **{fn: base.infix(op) for fn, op in {**base.INFIX, "div": "/"}.items()},
+    "add": base.infix("+", "||"),
+    "mul": base.infix("*", "&&"),
     **{fn: _float_fn(name) for fn, name in _FLOAT_FN.items()},
-    "abs": _float_fn("fabsf", _on_bool(_same, lambda a, c: f"({a[0]} < 0 ? -{a[0]} : {a[0]})")),
+    "abs": _float_fn("fabsf", _on_bool(base.first_arg, lambda a, c: f"({a[0]} < 0 ? -{a[0]} : {a[0]})")),
     # on integers, rounding is the identity
-    "floor": _float_fn("floorf", _same),
-    "ceil": _float_fn("ceilf", _same),
-    "round": _float_fn("nearbyintf", _same),
-    "trunc": _float_fn("truncf", _same),
+    "floor": _float_fn("floorf", base.first_arg),
+    "ceil": _float_fn("ceilf", base.first_arg),
+    "round": _float_fn("nearbyintf", base.first_arg),
+    "trunc": _float_fn("truncf", base.first_arg),
     "neg": lambda a, c: f"(-{a[0]})",
     "rsqrt": lambda a, c: f"(({ctype(c.t)})1 / std::sqrt({a[0]}))",
     "reciprocal": lambda a, c: f"(({ctype(c.t)})1 / {a[0]})",
     "sigmoid": lambda a, c: f"kiln_sigmoid({a[0]})",
     "gelu": lambda a, c: f"kiln_gelu({a[0]})",
-    "sign": _on_bool(_same, lambda a, c: f"kiln_sign({a[0]})"),
+    "sign": _on_bool(base.first_arg, lambda a, c: f"kiln_sign({a[0]})"),
     "isnan": lambda a, c: f"({a[0]} != {a[0]})",
     "isinf": lambda a, c: f"std::isinf({a[0]})",
     "logical_not": lambda a, c: f"(!{a[0]})",
@@ -183,20 +158,20 @@ _OPS: dict[str, base.Rule] = {
     "logical_and": lambda a, c: f"((bool){a[0]} && (bool){a[1]})",
     "logical_or": lambda a, c: f"((bool){a[0]} || (bool){a[1]})",
     "logical_xor": lambda a, c: f"((bool){a[0]} != (bool){a[1]})",
-    "maximum": _on_bool(_infix("||"), lambda a, c: f"kiln_maximum<{ctype(c.t)}>({a[0]}, {a[1]})"),
-    "minimum": _on_bool(_infix("&&"), lambda a, c: f"kiln_minimum<{ctype(c.t)}>({a[0]}, {a[1]})"),
+    "maximum": _on_bool(base.infix("||"), lambda a, c: f"kiln_maximum<{ctype(c.t)}>({a[0]}, {a[1]})"),
+    "minimum": _on_bool(base.infix("&&"), lambda a, c: f"kiln_minimum<{ctype(c.t)}>({a[0]}, {a[1]})"),
     "where": lambda a, c: f"({a[0]} ? {a[1]} : {a[2]})",
     "lshift": lambda a, c: None if c.fp else f"kiln_lshift<{ctype(c.t)}>({a[0]}, {a[1]})",
     "rshift": lambda a, c: None if c.fp else f"kiln_rshift<{ctype(c.t)}>({a[0]}, {a[1]})",
-    "floordiv": _fp_or_int(lambda a, c: f"kiln_floordiv_fp<{ctype(c.t)}>({a[0]}, {a[1]})",
+    "floordiv": base.on_fp(lambda a, c: f"kiln_floordiv_fp<{ctype(c.t)}>({a[0]}, {a[1]})",
                            lambda a, c: f"kiln_floordiv({a[0]}, {a[1]})"),
-    "truncdiv": _fp_or_int(lambda a, c: f"std::trunc({_round_like(f'{a[0]} / {a[1]}', c.arg_types)})",
+    "truncdiv": base.on_fp(lambda a, c: f"std::trunc({_round_like(f'{a[0]} / {a[1]}', c.arg_types)})",
                            lambda a, c: f"kiln_truncdiv({a[0]}, {a[1]})"),
-    "remainder": _fp_or_int(lambda a, c: f"kiln_remainder_fp<{ctype(c.t)}>({a[0]}, {a[1]})",
+    "remainder": base.on_fp(lambda a, c: f"kiln_remainder_fp<{ctype(c.t)}>({a[0]}, {a[1]})",
                             lambda a, c: f"kiln_remainder({a[0]}, {a[1]})"),
-    "fmod": _fp_or_int(lambda a, c: f"std::fmod({a[0]}, {a[1]})", lambda a, c: f"kiln_fmod({a[0]}, {a[1]})"),
+    "fmod": base.on_fp(lambda a, c: f"std::fmod({a[0]}, {a[1]})", lambda a, c: f"kiln_fmod({a[0]}, {a[1]})"),
     # powf, not std::pow, on float: it has a SIMD variant
-    "pow": _fp_or_int(lambda a, c: f"{'powf' if c.t is torch.float32 else 'pow'}({a[0]}, {a[1]})",
+    "pow": base.on_fp(lambda a, c: f"{'powf' if c.t is torch.float32 else 'pow'}({a[0]}, {a[1]})",
                       lambda a, c: f"kiln_pow({a[0]}, {a[1]})"),
     "atan2": lambda a, c: f"std::atan2({a[0]}, {a[1]})",
     "copysign": lambda a, c: f"std::copysign({a[0]}, {a[1]})",

@@ -117,10 +117,6 @@ def _cast(a, c: base.OpContext) -> str:
     return f"{a[0]}.to({tl_type(dst)})"
 
 
-def _infix(op: str, on_bool: str | None = None) -> base.Rule:
-    return lambda a, c: f"({a[0]} {on_bool if on_bool and c.t is torch.bool else op} {a[1]})"
-
-
 # float32 division and square root rounded as IEEE (Triton's defaults are approximate);
 # float64 ones are exact already
 def _div(x: str, y: str, c: base.OpContext) -> str:
@@ -129,15 +125,6 @@ def _div(x: str, y: str, c: base.OpContext) -> str:
 
 def _sqrt(c: base.OpContext) -> str:
     return "tl.sqrt_rn" if c.t is torch.float32 else "tl.sqrt"
-
-
-def _on_fp(rule: base.Rule, otherwise: base.Rule | None = None) -> base.Rule:
-    """rule on floating-point operands; otherwise (or no rendering) on others."""
-    return lambda a, c: rule(a, c) if c.fp else (otherwise(a, c) if otherwise else None)
-
-
-def _same(a, c) -> str:
-    return a[0]
 
 
 def _extreme(fn: str) -> base.Rule:
@@ -172,24 +159,24 @@ _KM_UNARY = ("tanh", "log1p", "expm1", "erfc", "tan", "sinh", "cosh", "asinh", "
 _RANDOM = {"philox_uniform": "tl.rand", "philox_normal": "tl.randn"}
 _OPS: dict[str, base.Rule] = {
     "cast": _cast,
-    **{fn: _infix(op) for fn, op in {**base.INFIX, "lshift": "<<", "rshift": ">>"}.items()},
-    "add": _infix("+", "|"),
-    "mul": _infix("*", "&"),
+    **{fn: base.infix(op) for fn, op in {**base.INFIX, "lshift": "<<", "rshift": ">>"}.items()},
+    "add": base.infix("+", "|"),
+    "mul": base.infix("*", "&"),
     "div": lambda a, c: _div(a[0], a[1], c),
-    "sqrt": _on_fp(lambda a, c: f"{_sqrt(c)}({a[0]})"),
-    **{fn: _on_fp(lambda a, c, f=f: f"{f}({a[0]})") for fn, f in _TL_UNARY.items()},
-    **{fn: _on_fp(_km(fn)) for fn in _KM_UNARY},
-    "erf": _on_fp(lambda a, c: f"km.erf_f32({a[0]})" if c.t is torch.float32 else f"tl.erf({a[0]})"),
+    "sqrt": base.on_fp(lambda a, c: f"{_sqrt(c)}({a[0]})"),
+    **{fn: base.on_fp(lambda a, c, f=f: f"{f}({a[0]})") for fn, f in _TL_UNARY.items()},
+    **{fn: base.on_fp(_km(fn)) for fn in _KM_UNARY},
+    "erf": base.on_fp(lambda a, c: f"km.erf_f32({a[0]})" if c.t is torch.float32 else f"tl.erf({a[0]})"),
     "gelu": lambda a, c: (f"km.gelu({a[0]})" if c.t is torch.float32
                           else f"({a[0]} * 0.5 * (1.0 + tl.erf({a[0]} * 0.7071067811865476)))"),
     "abs": lambda a, c: f"tl.abs({a[0]})",
     # on integers, rounding is the identity
-    "floor": _on_fp(lambda a, c: f"tl.floor({a[0]})", _same),
-    "ceil": _on_fp(lambda a, c: f"tl.ceil({a[0]})", _same),
-    "round": _on_fp(_km("nearbyint"), _same),
-    "trunc": _on_fp(_km("trunc"), _same),
+    "floor": base.on_fp(lambda a, c: f"tl.floor({a[0]})", base.first_arg),
+    "ceil": base.on_fp(lambda a, c: f"tl.ceil({a[0]})", base.first_arg),
+    "round": base.on_fp(_km("nearbyint"), base.first_arg),
+    "trunc": base.on_fp(_km("trunc"), base.first_arg),
     # Triton's unary minus is 0 - x, which makes -(+0.0) +0.0
-    "neg": _on_fp(lambda a, c: f"({a[0]} * -1.0)", lambda a, c: f"(-{a[0]})"),
+    "neg": base.on_fp(lambda a, c: f"({a[0]} * -1.0)", lambda a, c: f"(-{a[0]})"),
     "rsqrt": lambda a, c: _div("1.0", f"{_sqrt(c)}({a[0]})", c),
     "reciprocal": lambda a, c: _div("1.0", a[0], c),
     # sign(NaN) is 0 in eager
@@ -205,13 +192,13 @@ _OPS: dict[str, base.Rule] = {
     "maximum": _extreme("maximum"),
     "minimum": _extreme("minimum"),
     "where": lambda a, c: f"tl.where({a[0]}, {a[1]}, {a[2]})",
-    "floordiv": _on_fp(_km("floordiv_fp", 2), _km("floordiv_int", 2)),
-    "truncdiv": _on_fp(_truncdiv_fp, _km("truncdiv_int", 2)),
-    "remainder": _on_fp(_km("remainder_fp", 2), _km("remainder_int", 2)),
-    "fmod": _on_fp(lambda a, c: f"({a[0]} % {a[1]})", _km("fmod_int", 2)),
-    "pow": _on_fp(_km("pow", 2), _km("pow_int", 2)),
-    "atan2": _on_fp(_km("atan2", 2)),
-    "copysign": _on_fp(_km("copysign", 2)),
+    "floordiv": base.on_fp(_km("floordiv_fp", 2), _km("floordiv_int", 2)),
+    "truncdiv": base.on_fp(_truncdiv_fp, _km("truncdiv_int", 2)),
+    "remainder": base.on_fp(_km("remainder_fp", 2), _km("remainder_int", 2)),
+    "fmod": base.on_fp(lambda a, c: f"({a[0]} % {a[1]})", _km("fmod_int", 2)),
+    "pow": base.on_fp(_km("pow", 2), _km("pow_int", 2)),
+    "atan2": base.on_fp(_km("atan2", 2)),
+    "copysign": base.on_fp(_km("copysign", 2)),
     # (seed, offset): Triton's Philox; offsets in int64, as the C++ prelude
     **{fn: (lambda a, c, f=f: f"{f}({a[0]}, {a[1]}.to(tl.int64))") for fn, f in _RANDOM.items()},
 }

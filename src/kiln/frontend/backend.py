@@ -479,8 +479,7 @@ def _compile_symbolic(gm: fx.GraphModule, example_inputs: list[Any], options: Op
         except Exception as e:  # noqa: BLE001 - the family's compile failed: per shape instead
             reason = _family_reason(e)
     counters.compiled_per_shape(reason)
-    log.info("kiln: a graph with symbolic shapes compiles per shape: %s", reason)
-    # each later shape's compile is logged under recompiles: the reason belongs beside them
+    # beside each later shape's compile, under recompiles (a child of kiln's logger: once)
     recompiles_log.info("kiln: a graph with symbolic shapes compiles per shape: %s", reason)
     return _PerShape(gm, options)
 
