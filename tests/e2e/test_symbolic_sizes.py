@@ -102,6 +102,20 @@ def test_views_and_slices():
     assert_one_family()
 
 
+def test_an_index_into_a_symbolic_dim_is_checked_at_that_calls_size():
+    def f(x, idx):
+        return x[idx] * 2
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in LENGTHS:
+        x = randn(n, HIDDEN)
+        idx = torch.randint(0, n, (5,), generator=torch.Generator().manual_seed(n))
+        assert_same(compiled(x, idx), f(x, idx))
+    assert_one_family()
+    with pytest.raises(IndexError, match="index 20 is out of bounds for dimension 0 with size 17"):
+        compiled(randn(17, HIDDEN), torch.tensor([3, 20]))
+
+
 def test_mark_dynamic_makes_one_dimension_symbolic():
     def f(x, y):
         return torch.tanh(x) * y + x.sum(0)

@@ -213,7 +213,7 @@ def _check_errors(e: _Emitter, i: CheckErrors) -> None:
     else:  # one read of the errors per call, after all launches
         e.helper("raise_reported", host_ops.raise_reported)
         e.emit("if errors.any():")
-        e.emit("    raise_reported(errors, checks)")
+        e.emit(f"    raise_reported(errors, checks, {_shape([c.size for c in checks])})")
 
 
 def _index_flags(e: _Emitter, rows: list[int]) -> str:

@@ -9,6 +9,7 @@ The error buffer holds two int64 per check: a flag, and one offending value.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 _OUT_OF_BOUNDS = "index {value} is out of bounds for dimension {dim} with size {size}"
 
@@ -53,12 +54,14 @@ class Check:
 
     rule: str
     dim: int = 0
-    size: int = 0
+    size: Any = 0  # an int, or a size of the shape family
     input: int = 0
 
-    def error(self, value: int) -> Exception:
+    def error(self, value: int, size: int | None = None) -> Exception:
+        """The exception eager raises; size is this call's value of a symbolic size."""
         rule = RULES[self.rule]
-        message = rule.message.format(value=value, dim=self.dim, size=self.size, input=self.input)
+        size = self.size if size is None else size
+        message = rule.message.format(value=value, dim=self.dim, size=size, input=self.input)
         error = rule.exception(message)
         setattr(error, RAISED_AS_EAGER, True)
         return error

@@ -495,7 +495,7 @@ def encode(value: Any) -> Any:
     if isinstance(value, tuple):
         return [encode(v) for v in value]
     if isinstance(value, Check):
-        return {"check": [value.rule, value.dim, value.size, value.input]}
+        return {"check": [value.rule, value.dim, encode(value.size), value.input]}
     entry = _TAGGED_TYPES.get(type(value))
     if entry is None:
         raise ValueError(f"kiln: a host program value of type {type(value).__name__} cannot be serialized")
@@ -509,7 +509,8 @@ def decode(value: Any) -> Any:
     if isinstance(value, dict):
         (tag, payload), = value.items()
         if tag == "check":
-            return Check(*payload)
+            rule, dim, size, index = payload
+            return Check(rule, dim, decode(size), index)
         if tag == "size":
             return parse(payload)
         return _DECODERS[tag](payload)

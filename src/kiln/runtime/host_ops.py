@@ -38,11 +38,12 @@ def copy_memory(t: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(flat, t.shape, t.stride(), 0)
 
 
-def raise_reported(errors: torch.Tensor, checks: tuple[Check, ...]) -> None:
-    """Raise what the first check that reported an error says, as eager would have."""
-    for check, (flag, value) in zip(checks, errors.view(-1, SLOTS_PER_CHECK).tolist()):
+def raise_reported(errors: torch.Tensor, checks: tuple[Check, ...], sizes: tuple[int, ...]) -> None:
+    """Raise what the first check that reported an error says, as eager would have; sizes
+    are the checks' sizes in this call."""
+    for check, size, (flag, value) in zip(checks, sizes, errors.view(-1, SLOTS_PER_CHECK).tolist()):
         if flag:
-            raise check.error(value)
+            raise check.error(value, size)
 
 
 def checks_message(checks: tuple[Check, ...]) -> str:
