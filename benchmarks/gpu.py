@@ -247,6 +247,8 @@ def main() -> int:
     parser.add_argument("--cases", default="")
     parser.add_argument("--out", default="")
     parser.add_argument("--per-call", action="store_true", help="time each call alone, host included")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="also time kiln compiled with dynamic=True (one program per shape family)")
     args = parser.parse_args()
     global PER_CALL
     PER_CALL = args.per_call
@@ -271,11 +273,15 @@ def main() -> int:
         on_host = "tiny mlp" in name and not PER_CALL
         eager_times = [] if on_host else [bench(fn, fargs)]
         row = {"case": name, "eager": math.nan}
-        for compiler in ("inductor", "kiln"):
+        for compiler in ("inductor", "kiln") + (("kiln_dynamic",) if args.dynamic else ()):
             torch._dynamo.reset()
+            kiln.reset_stats()
             before = len(REPORTS)
             mode = "reduce-overhead" if "reduce-overhead" in name else "default"
-            compiled = kiln.compile(fn, mode=mode) if compiler == "kiln" else torch.compile(fn, mode=mode)
+            if compiler == "inductor":
+                compiled = torch.compile(fn, mode=mode)
+            else:
+                compiled = kiln.compile(fn, mode=mode, dynamic=compiler == "kiln_dynamic")
             seconds, out = first_call(compiled, fargs)
             problem = check(out, ref, tol)
             if problem:
@@ -288,6 +294,9 @@ def main() -> int:
             else:
                 row[compiler] = bench(compiled, fargs)
             row[f"{compiler}_compile"] = seconds - row[compiler]
+            if compiler == "kiln_dynamic":
+                stats = kiln.stats()
+                row["family"] = "yes" if stats.graphs_symbolic and not stats.per_shape else f"no: {dict(stats.per_shape)}"
             if compiler == "kiln":
                 row["kernels"] = sum(rep.num_kernels for rep in REPORTS[before:])
                 row["kiln_passes"] = sum(rep.seconds for rep in REPORTS[before:])
@@ -316,7 +325,7 @@ def _line(row) -> str:
                  f"{row['kiln_build']:.2f} s of them building kernels), Inductor {row['inductor_compile']:.2f} s"
                  if "kiln_compile" in row and "inductor_compile" in row else "")
     return f"{row['case']}: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in row.items()
-                                           if k in ("eager", "inductor", "kiln")) + compile_s + (f" FAIL {fails}" if fails else "")
+                                           if k in ("eager", "inductor", "kiln", "kiln_dynamic")) + compile_s + (f" FAIL {fails}" if fails else "")
 
 
 def _table(rows, bw, mm) -> str:
@@ -328,17 +337,23 @@ def _table(rows, bw, mm) -> str:
         f"bf16 matmul {mm / 1e12:.0f} TFLOP/s · timed "
         + ("one call at a time, host included" if PER_CALL else "by graph replays of back-to-back calls"),
         "",
-        "| case | eager ms | Inductor ms | kiln ms | kiln vs eager | kiln vs Inductor | kiln achieved | Inductor achieved | kiln vs a copy of as many bytes | cold compile kiln / Inductor s | kiln kernels |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | eager ms | Inductor ms | kiln ms | kiln vs eager | kiln vs Inductor | kiln achieved | Inductor achieved | kiln vs a copy of as many bytes | cold compile kiln / Inductor s | kiln kernels |"
+        + (" kiln dynamic=True ms | its time / kiln's | one family |" if any("kiln_dynamic" in r or "kiln_dynamic_fail" in r for r in rows) else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if any("kiln_dynamic" in r or "kiln_dynamic_fail" in r for r in rows) else ""),
     ]
     for row in rows:
         k, i, e = row.get("kiln", math.nan), row.get("inductor", math.nan), row["eager"]
-        fails = " ".join(f"{c} FAIL: {row[c + '_fail']}" for c in ("kiln", "inductor") if c + "_fail" in row)
+        fails = " ".join(f"{c} FAIL: {row[c + '_fail']}" for c in ("kiln", "inductor", "kiln_dynamic")
+                         if c + "_fail" in row)
+        dynamic = ""
+        if "kiln_dynamic" in row or "kiln_dynamic_fail" in row:
+            d = row.get("kiln_dynamic", math.nan)
+            dynamic = f" {d * 1e3:.3f} | {d / k:.2f} | {row.get('family', '-')} |"
         lines.append(
             f"| {row['case']} | {e * 1e3:.3f} | {i * 1e3:.3f} | {k * 1e3:.3f} | {e / k:.2f}x | {i / k:.2f}x | "
             f"{row.get('metric', '-')} | {row.get('ind_metric', '-')} | {row.get('vs_copy', '-')} | "
             f"{row.get('kiln_compile', math.nan):.2f} / {row.get('inductor_compile', math.nan):.2f} | "
-            f"{row.get('kernels', '-')} {fails}|")
+            f"{row.get('kernels', '-')} {fails}|" + dynamic)
     return "\n".join(lines)
 
 
