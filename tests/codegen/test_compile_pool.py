@@ -119,6 +119,28 @@ def test_workers_compile_with_settings_made_after_they_started(kernels, cache_hi
     assert cache_hits == [True] * 3
 
 
+def test_workers_hash_the_ptxas_named_after_this_process_first_compiled(kernels, cache_hits, monkeypatch,
+                                                                        tmp_path, pool_for_three):
+    """Inductor names PyTorch's ptxas when it first compiles. ptxas's version is part of every
+    compile's cache hash, and Triton keeps the version of the first ptxas it ran: this
+    process hashes the ptxas the workers run, so it still finds their results."""
+    from triton.backends.nvidia.compiler import get_ptxas_version
+
+    compile_variants(kernels[:3], SM90)
+    wrapper = tmp_path / "ptxas"  # the same compiler, another --version text
+    wrapper.write_text(f'#!/bin/sh\n"{knobs.nvidia.ptxas.path}" "$@" || exit $?\n'
+                       '[ "$1" = --version ] && echo "another build"\nexit 0\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(wrapper))
+    cache_hits.clear()
+    try:
+        compile_variants(kernels[3:6], SM90)
+        assert "another build" in get_ptxas_version(90)
+    finally:
+        get_ptxas_version.cache_clear()
+    assert cache_hits == [True] * 3
+
+
 def test_register_budgets():
     # 8 registers a thread per allocation unit: 74 take as many as 80 (6 programs of 4 warps
     # on an SM), 72 fit 7; 28 and 32 both fit the 16 programs of 4 warps the threads allow,

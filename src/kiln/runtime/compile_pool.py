@@ -85,6 +85,27 @@ def triton_settings() -> dict[str, str | None]:
     return settings
 
 
+_hashed_ptxas: list[str | None] = [None]  # the ptxas whose version this process's Triton hashes
+
+
+def _hash_the_ptxas_in_use() -> None:
+    """Triton keeps ptxas's version (a part of every compile's cache key) from its first
+    compile, yet runs the ptxas its settings name at each compile. When another library
+    in the process names another ptxas later (Inductor names PyTorch's), a process that
+    compiled before would hash the first's version and run the second: forget the kept
+    version then, here and in each worker, so that both hash the ptxas they run."""
+    try:
+        from triton import knobs
+        from triton.backends.nvidia.compiler import get_ptxas_version
+
+        path = knobs.nvidia.ptxas.path
+    except (ImportError, RuntimeError, AttributeError):  # no CUDA backend, or no ptxas
+        return
+    if _hashed_ptxas[0] != path:
+        get_ptxas_version.cache_clear()
+    _hashed_ptxas[0] = path
+
+
 def _apply_settings(settings: dict[str, str | None]) -> None:
     from triton import knobs
 
@@ -100,6 +121,7 @@ def _compile_in_worker(args: CompileArgs, cache_dir: str, settings: dict[str, st
     from triton import knobs
 
     _apply_settings(settings)
+    _hash_the_ptxas_in_use()
     knobs.cache.dir = cache_dir
     return compile_in_process(args).hash
 
@@ -193,6 +215,7 @@ def _worth_the_workers(jobs: list[CompileArgs]) -> bool:
 def compile_all(jobs: list[CompileArgs]) -> list:
     """A CompiledKernel per job: compiled by workers when there are enough jobs to pay for
     them, and loaded here as each finishes."""
+    _hash_the_ptxas_in_use()
     pending = _submit_all(jobs) if _worth_the_workers(jobs) else []
     compiled = []
     for i, args in enumerate(jobs):
