@@ -46,13 +46,14 @@ COMPILE = textwrap.dedent("""
     # outside its compile a size has no traced value: the example's (19) stands in
     sizes.hint = lambda s: int(sympy.sympify(s).subs({x: 19 for x in sympy.sympify(s).free_symbols}))
     target = ("cuda", 90, 32)
-    long_rows = 0
+    long_rows = one_tile = 0
     for kern in pickle.load(open(sys.argv[1], "rb")):
         _, path, _ = triton_build._load(kern, tr.render_source(kern))
         configs, _ = launch_variants(kern, False)
         longer = [(i, False, False) for i in range(1, len(configs))]  # long rows' blocks
         keys = [(0, False, True), (0, False, False), (0, True, False), *longer]
         long_rows += len(configs) - 1
+        one_tile += sum(len(c) > 3 and c[3] for c in configs)  # a row of s fits the traced tile
         ptx = {}
         for key in keys:
             job = triton_build.family_compile_args(kern, path, target, key)
@@ -63,6 +64,7 @@ COMPILE = textwrap.dedent("""
             assert "ld.global.v4" in ptx[(0, False, True)], kern.name
         print("compiled", kern.name)
     assert long_rows, "no looped row of symbolic length"
+    assert one_tile, "no row of symbolic length in one tile"
 """)
 
 

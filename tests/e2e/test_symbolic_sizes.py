@@ -211,7 +211,8 @@ def test_explain_lists_the_shape_family():
     text = str(kiln.explain(f, randn(BATCH, 17), options={"dynamic": True}))
     assert "shape family: " in text and "(traced 17)" in text, text
     if TRITON:  # what the kernel decided about its sizes, and why
-        assert "sizes   kiln_" in text and "(no one block fits every length)" in text, text
+        assert "sizes   kiln_" in text, text
+        assert "up to 32 in one tile" in text and "longer ones looped" in text, text
 
 
 @pytest.mark.skipif(not TRITON, reason="Triton's launch decisions")
@@ -316,9 +317,12 @@ def test_long_rows_of_a_family_take_a_wider_block(monkeypatch):
         return int(sympy.sympify(s).subs({x: 17 for x in sympy.sympify(s).free_symbols}))
 
     monkeypatch.setattr(sizes, "hint", at_17)
-    configs, choose = launch_variants(kernel, False)  # on a GPU: the traced row's block, 32
-    assert [c[1] for c in configs] == [32, LONG_ROW_BLOCK]
-    assert (choose(BATCH, 17), choose(BATCH, LONG_ROWS * 32 - 1), choose(BATCH, LONG_ROWS * 32)) == (0, 0, 1)
+    # on a GPU: rows up to the traced row's block (32) in one tile, longer ones looped in
+    # blocks of 32, the longest in blocks of LONG_ROW_BLOCK
+    configs, choose = launch_variants(kernel, False)
+    assert [(c[1], c[3]) for c in configs] == [(32, True), (32, False), (LONG_ROW_BLOCK, False)]
+    rows = (17, 32, 33, LONG_ROWS * 32 - 1, LONG_ROWS * 32)
+    assert [choose(BATCH, n) for n in rows] == [0, 0, 1, 1, 2]
 
     # a launcher built at compile time compiles a long-row binary at its first long row, later,
     # with the configuration it chose then, not one chosen again without the traced sizes
@@ -332,7 +336,7 @@ def test_long_rows_of_a_family_take_a_wider_block(monkeypatch):
     monkeypatch.setattr(triton_abi, "own_launch", lambda binary, constants: lambda grid, args: None)
     x = object()
     launcher.aligned(x, x, BATCH, LONG_ROWS * 32)
-    assert [(key[0], config) for key, config in compiles] == [(1, configs[1])]
+    assert [(key[0], config) for key, config in compiles] == [(2, configs[2])]
 
 
 def test_training_with_varying_lengths_compiles_forward_and_backward_once():

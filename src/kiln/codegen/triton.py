@@ -14,7 +14,7 @@ from dataclasses import replace
 import torch
 
 from kiln.codegen import base
-from kiln.codegen.triton_launch import SPLIT_EDGE, is_persistent, row_tiled, split_rows
+from kiln.codegen.triton_launch import SPLIT_EDGE, is_persistent, one_tile_variant, row_tiled, split_rows
 from kiln.codegen.triton_sizes import is_family, size_names, sz
 from kiln.ir import index as ix
 from kiln.ir import kernel as k
@@ -237,6 +237,7 @@ class _Renderer:
         # with split rows, a row stage is rendered twice: over the body's lanes, then over the
         # edge's, whose row-wise values are named with an _e suffix
         self.edge = False
+        self.shift = 0  # extra indentation: the bodies of a one-tile variant's branches
         self.row_values: set[str] = set()
         if self.split is not None:
             row_statements = [s for st in kernel.stages if st.loop for s in st.body]
@@ -245,7 +246,7 @@ class _Renderer:
             self.scratch |= {name + "_e" for name in self.scratch}
 
     def emit(self, depth: int, text: str) -> None:
-        self.lines.append("    " * depth + text)
+        self.lines.append("    " * (depth + self.shift) + text)
 
     def _lane_mask(self) -> str:
         """Which lanes of the row tile hold row elements (a split row's edge has its own)."""
@@ -573,6 +574,9 @@ class _Renderer:
         # ALIGNED: compiled for tensors that all start on 16-byte boundaries (the direct launch);
         # Triton's JIT, which launches any others, and the interpreter get False
         constexprs = "XBLOCK: tl.constexpr, RBLOCK: tl.constexpr, ALIGNED: tl.constexpr"
+        one_tile = one_tile_variant(kern)
+        if one_tile:
+            constexprs += ", ONE_TILE: tl.constexpr"
         if is_family(kern):
             constexprs += ", WIDE: tl.constexpr"
         self.emit(0, f"def {kern.name}({params}, {constexprs}):")
@@ -602,6 +606,21 @@ class _Renderer:
             for sym in lines:
                 self.emit(1, f"{sym.name} = {sym.name} + zero_x")
             self.emit(1, f"{inner.name} = xindex")
+        if one_tile:  # rows that fit one tile reduce it as a persistent kernel; others loop
+            self.emit(1, "if ONE_TILE:")
+            self.shift, self.persistent = 1, True
+            self._stages()
+            self.shift, self.persistent = 0, False
+            self.emit(1, "else:")
+            self.shift = 1
+            self._stages()
+            self.shift = 0
+        else:
+            self._stages()
+        return "\n".join(self.lines)
+
+    def _stages(self) -> None:
+        kern = self.k
         if self.split is not None:
             self._split_prologue()
         elif self.persistent:
@@ -632,7 +651,6 @@ class _Renderer:
             else:
                 for s in stage.body:
                     self.stmt(s, 1, stage.loop)
-        return "\n".join(self.lines)
 
 
 def indexes_flat(kernel: k.Kernel) -> bool:

@@ -39,6 +39,14 @@ def next_pow2(n: int) -> int:
 
 
 
+def one_tile_variant(kernel: k.Kernel) -> bool:
+    """A family's row of symbolic length whose traced example fits one tile: its kernel has a
+    second body, run by launches whose rows fit (the ONE_TILE constexpr), that reduces the row
+    in one tile as a persistent kernel does, so that later stages reuse the values loaded."""
+    return (is_family(kernel) and bool(kernel.reduce) and is_symbolic(kernel.reduce_numel)
+            and not k.column_reduction(kernel) and hinted(kernel, kernel.reduce_numel) <= PERSISTENT_MAX)
+
+
 def is_persistent(kernel: k.Kernel) -> bool:
     """Whole rows in one tile: when they fit, unless the rows run across memory (then a
     narrow loop over them keeps loads coalesced), but always when values are kept."""
@@ -83,15 +91,17 @@ def grid(kernel: k.Kernel, config: tuple[int, int, int]) -> tuple:
     return (ceil_div(kernel.outer_numel, xblock), 1, 1)
 
 
-def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
+def launch_config(kernel: k.Kernel, interpreted: bool, one_tile: bool = False) -> tuple[int, int, int]:
     """(XBLOCK, RBLOCK, num_warps): a small heuristic; the interpreter wants few programs.
     The defaults are the configurations autotuning picked most often for GPT-2's training
     kernels on the H200 (`python -m benchmarks.gpu_train --variants kiln-autotune`).
     A family's sizes are its traced example's (speed only); interpreted, a typical large
-    size's, since a family serves larger sizes than its example and programs cost most there."""
+    size's, since a family serves larger sizes than its example and programs cost most there.
+    one_tile: the configuration of a family's one-tile body (one_tile_variant), sized by the
+    traced row."""
 
     def size(s) -> int:
-        return UNBACKED_HINT if interpreted and is_symbolic(s) else hinted(kernel, s)
+        return UNBACKED_HINT if interpreted and is_symbolic(s) and not one_tile else hinted(kernel, s)
 
     outer = size(kernel.outer_numel)
     if not kernel.reduce:
@@ -101,7 +111,8 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
         extent = UNBACKED_HINT if interpreted and is_family(kernel) else _tiled_extent(kernel)
         return next_pow2(min(extent, 4096 if interpreted else 1024)), 1, 4
     rnumel = size(kernel.reduce_numel)
-    if is_persistent(kernel):
+    persistent = one_tile or is_persistent(kernel)
+    if persistent:
         rblock = next_pow2(rnumel)
     elif k.column_reduction(kernel):
         if rnumel <= 64:  # short columns (the last step of a split reduction): wide tiles
@@ -115,7 +126,7 @@ def launch_config(kernel: k.Kernel, interpreted: bool) -> tuple[int, int, int]:
         return 1, rblock, max(1, min(8, rblock // 1024))
     if interpreted:
         return next_pow2(max(1, min(outer, max(1, 8192 // rblock)))), rblock, 4
-    if not is_persistent(kernel):
+    if not persistent:
         if is_family(kernel):  # rows shorter than a block (a family's) go several a program
             return max(1, min(64, 2048 // rblock, next_pow2(outer))), rblock, 8 if rblock >= 2048 else 4
         return (1, *long_row_tile(kernel).config)

@@ -149,36 +149,51 @@ def ceil_div(n: sizes.Size, d: int) -> sizes.Size:
 def launch_variants(kernel: k.Kernel, interpreted: bool) -> tuple[tuple, Callable[..., int]]:
     """A family kernel's launch configurations, and which one a launch at these sizes takes
     (its index). Block sizes decide speed only: every configuration is right for every size.
-    One, the traced example's, except for rows of symbolic length looped in blocks much
-    shorter than the longest: those rows LONG_ROWS times the block or longer take
-    LONG_ROW_BLOCK."""
-    from kiln.codegen.triton_launch import is_persistent, launch_config
+    One, the traced example's, except for rows of symbolic length: a kernel with a one-tile
+    body (triton_launch.one_tile_variant) runs it, first, for rows that fit its tile; rows
+    looped in blocks much shorter than the longest, LONG_ROWS times the block or longer, take
+    LONG_ROW_BLOCK. The configurations of a kernel with a one-tile body carry ONE_TILE fourth."""
+    from kiln.codegen.triton_launch import is_persistent, launch_config, one_tile_variant
 
     traced = launch_config(kernel, interpreted)
     looped = kernel.reduce and not is_persistent(kernel) and not k.column_reduction(kernel)
+    rows = sz(kernel.reduce_numel) if kernel.reduce else "0"
+    configs, cases = [], []
+    if one_tile_variant(kernel):
+        tile = launch_config(kernel, interpreted, one_tile=True)
+        configs, cases = [(*tile, True)], [f"0 if {rows} <= {tile[1]} else "]
+        traced = (*traced, False)
     if not looped or not sizes.is_symbolic(kernel.reduce_numel) or traced[1] >= LONG_ROW_BLOCK:
-        return (traced,), lambda *_: 0
-    long_rows = (1, LONG_ROW_BLOCK, 8)
+        configs.append(traced)
+        return tuple(configs), size_function(kernel, "".join(cases) + str(len(configs) - 1))
+    long_rows = (1, LONG_ROW_BLOCK, 8) + traced[3:]
     at_least = LONG_ROWS * traced[1]
-    return (traced, long_rows), size_function(kernel, f"int({sz(kernel.reduce_numel)} >= {at_least})")
+    first = len(configs)
+    configs += [traced, long_rows]
+    return tuple(configs), size_function(kernel, "".join(cases) + f"{first} + int({rows} >= {at_least})")
 
 
 def family_choices(kernel: k.Kernel) -> str:
     """What a family's kernel decided about its sizes, and why (kiln.explain shows it)."""
-    from kiln.codegen.triton_launch import is_persistent, row_tiled
+    from kiln.codegen.triton_launch import is_persistent, one_tile_variant, row_tiled
 
     names = ", ".join(f"ks{i} = {s} (traced {sizes.hint(s)})" for i, s in enumerate(kernel.sizes))
     configs, _ = launch_variants(kernel, False)
-    (xblock, rblock, warps), *longer = configs
     parts = [f"sizes {names} are arguments"]
-    if kernel.reduce and sizes.is_symbolic(kernel.reduce_numel):
+    if one_tile_variant(kernel):
+        (xblock, rblock, warps, _), *configs = configs
+        parts.append(f"rows of length {kernel.reduce_numel} up to {rblock} in one tile "
+                     f"(XBLOCK {xblock}, {warps} warps), longer ones looped")
+    elif kernel.reduce and sizes.is_symbolic(kernel.reduce_numel):
         parts.append(f"rows of length {kernel.reduce_numel} are looped (no one block fits every length)")
     elif kernel.reduce:
         parts.append("whole rows in one block" if is_persistent(kernel) else "rows looped")
     elif not row_tiled(kernel) and len(kernel.outer) > 1 and not sizes.is_symbolic(kernel.outer[-1].extent):
         parts.append("one flat index (the lines' count is not known to fit a grid's second dimension)")
-    parts.append(f"XBLOCK {xblock}, RBLOCK {rblock}, {warps} warps from the traced example")
-    for x, r, w in longer:
+    (xblock, rblock, warps, *_), *longer = configs
+    parts.append(f"XBLOCK {xblock}, RBLOCK {rblock}, {warps} warps from the traced example"
+                 + (" for looped rows" if one_tile_variant(kernel) else ""))
+    for x, r, w, *_ in longer:
         parts.append(f"rows of {LONG_ROWS * rblock} or more: XBLOCK {x}, RBLOCK {r}, {w} warps")
     parts.append("grid and int64 indexing per launch")
     if divisibility_matters(kernel):

@@ -85,6 +85,11 @@ def launch_configs(kernel: Kernel, autotune: bool, interpreted: bool = False) ->
         return matmul.candidate_configs(kernel) if autotune else [matmul.launch_config(kernel, False)]
     from kiln.codegen.triton_launch import candidate_configs, launch_config
 
+    if kernel.sizes:  # a family's: the traced sizes' variant (timings hold for one shape)
+        from kiln.codegen.triton_sizes import launch_variants
+
+        configs, choose = launch_variants(kernel, interpreted)
+        return [configs[0]]
     if interpreted:
         return [launch_config(kernel, True)]
     return candidate_configs(kernel) if autotune else [launch_config(kernel, False)]
@@ -108,7 +113,10 @@ def constexprs(kernel: Kernel, config: tuple) -> dict:
         return matmul.constexprs(config)
     from kiln.codegen.triton_launch import assumes_aligned_tensors
 
-    return {"XBLOCK": config[0], "RBLOCK": config[1], "ALIGNED": assumes_aligned_tensors(kernel)}
+    values = {"XBLOCK": config[0], "RBLOCK": config[1], "ALIGNED": assumes_aligned_tensors(kernel)}
+    if len(config) > 3:  # a family's kernel with a one-tile body (triton_sizes.launch_variants)
+        values["ONE_TILE"] = config[3]
+    return values
 
 
 def _compile_options(kernel: Kernel, config: tuple) -> dict:

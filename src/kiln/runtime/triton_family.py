@@ -18,6 +18,7 @@ from typing import Any
 from kiln.codegen.triton_sizes import divisibility_matters, grid_function, launch_variants, wide_function
 from kiln.ir.kernel import Kernel
 from kiln.runtime import triton_abi
+from kiln.runtime.triton_build import jit_kwargs
 
 # (launch configuration's index, WIDE: int64 indices, every size a multiple of 16)
 VariantKey = tuple[int, bool, bool]
@@ -50,6 +51,7 @@ class FamilyLauncher:
         self.__name__ = kernel.name
         self.n_tensors = len(kernel.params)
         self.configs, self.choose = launch_variants(kernel, False)
+        self.jit_kwargs = [jit_kwargs(kernel, c) for c in self.configs]
         self.grids = [grid_function(kernel, c) for c in self.configs]
         self.needs_wide = wide_function(kernel)
         self.divisibility = divisibility_matters(kernel)
@@ -61,8 +63,8 @@ class FamilyLauncher:
         }
 
     def _launcher(self, key: VariantKey, compiled) -> Callable:
-        xblock, rblock, _ = self.configs[key[0]]
-        return triton_abi.own_launch(compiled, (xblock, rblock, self.assumes_aligned, key[1]))
+        xblock, rblock, _, *one_tile = self.configs[key[0]]
+        return triton_abi.own_launch(compiled, (xblock, rblock, self.assumes_aligned, *one_tile, key[1]))
 
     def aligned(self, *args) -> None:
         sizes = args[self.n_tensors :]
@@ -85,14 +87,13 @@ class FamilyLauncher:
         config = self.choose(*sizes)
         g = self.grids[config](*sizes)
         if 0 not in g:
-            x, r, w = self.configs[config]
-            wide = self.needs_wide(*sizes)
-            self.jit_fn[g](*args, XBLOCK=x, RBLOCK=r, ALIGNED=False, WIDE=wide, num_warps=w)
+            self.jit_fn[g](*args, **self.jit_kwargs[config], WIDE=self.needs_wide(*sizes))
 
 
 def interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
     """The same launch through Triton's interpreter: configuration, grid and WIDE per call."""
     configs, choose = launch_variants(kernel, True)
+    kwargs = [jit_kwargs(kernel, c) for c in configs]
     grids = [grid_function(kernel, c) for c in configs]
     needs_wide = wide_function(kernel)
     n_tensors = len(kernel.params)
@@ -102,8 +103,7 @@ def interpreted_launcher(kernel: Kernel, jit_fn) -> Callable:
         config = choose(*sizes)
         g = grids[config](*sizes)
         if 0 not in g:
-            x, r, w = configs[config]
-            jit_fn[g](*args, XBLOCK=x, RBLOCK=r, ALIGNED=False, WIDE=needs_wide(*sizes), num_warps=w)
+            jit_fn[g](*args, **kwargs[config], WIDE=needs_wide(*sizes))
 
     launch.__name__ = kernel.name
     launch.aligned = launch  # the interpreter needs no alignment
