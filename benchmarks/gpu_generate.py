@@ -2,7 +2,6 @@
 
     PYTHONPATH=src python -m benchmarks.gpu_generate [--batch 4] [--prompt 128] [--new-tokens 64]
     PYTHONPATH=src python -m benchmarks.gpu_generate --cache static
-    PYTHONPATH=src python -m benchmarks.gpu_generate --variants inductor,kiln --profile
     PYTHONPATH=src python -m benchmarks.gpu_generate --small --device cpu --variants eager,kiln
 
 A Llama-style model with random weights (8 layers, hidden 1024 by default; bf16 on cuda, float32
@@ -69,7 +68,7 @@ def run_variant(variant: str, model, prompts: list, args, device: torch.device) 
     elif variant == "kiln":
         import kiln
 
-        model.forward = kiln.compile(model.forward)
+        model.forward = kiln.compile(model.forward, dynamic=True if args.dynamic else None)
     elif variant != "eager":
         raise SystemExit(f"unknown variant {variant!r}: eager, inductor or kiln")
     extra = {"cache_implementation": "static"} if args.cache == "static" else {}
@@ -95,31 +94,19 @@ def run_variant(variant: str, model, prompts: list, args, device: torch.device) 
     after_both = since(before)
     if variant != "eager":
         del model.forward  # the class's forward again
-    if args.profile and device.type == "cuda":
-        print_profile(variant, lambda: generate(prompts[0], n), n)
     t_many, t_one = statistics.median(many), statistics.median(one)
     return {"tokens": (tokens1, tokens2), "first_s": first, "first2_s": first2, "prefill_ms": 1e3 * t_one,
             "ms_per_token": 1e3 * (t_many - t_one) / max(n - 1, 1), "gen_ms": 1e3 * t_many,
             "after_first": after_first, "after_both": after_both}
 
 
-def print_profile(variant: str, run, tokens: int, top: int = 25) -> None:
-    """GPU time per kernel name over one generate(), per new token, largest first: against
-    the measured ms/token, what the GPU did and what the host added."""
-    from torch.profiler import ProfilerActivity, profile
+def compile_breakdown() -> str:
+    """Where kiln's compiles spent their time: its passes, and building kernels among them."""
+    from kiln.frontend.backend import REPORTS
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run()
-    totals: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            t = totals.setdefault(e.name[:90], [0.0, 0])
-            t[0] += e.device_time / 1e3 / tokens  # us over the run -> ms per token
-            t[1] += 1
-    print(f"--- {variant}: {sum(t for t, _ in totals.values()):.3f} ms of kernels per token, "
-          f"{sum(n for _, n in totals.values()) / tokens:.0f} launches per token")
-    for name, (ms, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"{ms:8.4f} ms {n / tokens:6.1f}x  {name}")
+    passes = sum(r.seconds for r in REPORTS)
+    build = sum(p.seconds for r in REPORTS for p in r.passes if p.name == "build")
+    return f"kiln's passes {passes:.2f} s over {len(REPORTS)} graphs, {build:.2f} s of them building kernels"
 
 
 def agreement(tokens: tuple, eager: tuple, exact: bool) -> str:
@@ -151,7 +138,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per variant")
     parser.add_argument("--cache", default="dynamic", choices=["dynamic", "static"])
     parser.add_argument("--variants", default="eager,inductor,kiln")
-    parser.add_argument("--profile", action="store_true", help="print GPU time per kernel and token")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="kiln.compile(..., dynamic=True): symbolic sizes from the first call")
     args = parser.parse_args()
     for name, value in (SMALL if args.small else FULL).items():
         if getattr(args, name) is None:
@@ -173,6 +161,7 @@ def main() -> int:
             import kiln
 
             print(kiln.stats(), flush=True)  # why a graph compiled per shape or ran in ATen
+            print(compile_breakdown(), flush=True)
 
     eager = results.get("eager")
     exact = dtype == torch.float32
