@@ -62,6 +62,9 @@ COMPILE = textwrap.dedent("""
         assert ptx[(0, True, False)].count(".s64") > ptx[(0, False, False)].count(".s64"), kern.name
         if not kern.reduce:  # an element-wise kernel over sizes of 16 loads whole vectors
             assert "ld.global.v4" in ptx[(0, False, True)], kern.name
+        elif configs[0][3:] == (True,):  # so does a row of symbolic length, in one tile
+            assert "ld.global.v4" in ptx[(0, False, True)], kern.name
+            assert "ld.global.v4" not in ptx[(0, False, False)], kern.name
         print("compiled", kern.name)
     assert long_rows, "no looped row of symbolic length"
     assert one_tile, "no row of symbolic length in one tile"

@@ -220,7 +220,8 @@ def _family_launcher(kernel: Kernel, path: Path, jit_fn, binaries: dict) -> Call
     def compile_variant(key, config):
         return _compile_at_register_budgets([family_compile_args(kernel, path, target, key, config)])[0]
 
-    return FamilyLauncher(kernel, jit_fn, compile_variant, binaries, assumes_aligned_tensors(kernel))
+    # a binary for sizes of 16 may assume aligned tensors where the others do not
+    return FamilyLauncher(kernel, jit_fn, compile_variant, binaries, assumes_aligned_tensors(kernel, True))
 
 
 def family_compile_args(kernel: Kernel, path: Path, target: tuple, key: tuple,
@@ -366,7 +367,7 @@ def compile_args(kernel: Kernel, path: Path, config: tuple, target: tuple, wide:
     signature.update({name: "constexpr" for name in constants})
     from kiln.codegen.triton_launch import assumes_aligned_tensors
 
-    aligned = assumes_aligned_tensors(kernel) and not any_alignment
+    aligned = assumes_aligned_tensors(kernel, sizes_of_16) and not any_alignment
     attrs = {(i,): triton_abi.aligned_attr(target) for i in range(len(kernel.params))} if aligned else {}
     if sizes_of_16:
         first = len(kernel.params)
