@@ -63,6 +63,28 @@ def test_layer_norm_backward_serves_every_length():
     assert_one_family(graphs=2)
 
 
+def test_a_module_float_attribute_is_a_cpu_scalar_of_the_family():
+    """Under dynamic=True Dynamo passes a module's float attribute (an RMSNorm's eps) as a 0-d
+    CPU tensor beside the GPU's: the family compiles, with that scalar copied over per call."""
+
+    class RMSNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.eps, self.weight = 1e-6, torch.nn.Parameter(randn(64, seed=2))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    norm = RMSNorm()
+    compiled = kiln.compile(norm, dynamic=True)
+    with torch.no_grad():
+        for n in LENGTHS:
+            x = randn(5, n, 64)
+            assert_same(compiled(x), norm(x))
+    s = kiln.stats()
+    assert s.graphs_symbolic and not s.per_shape and not s.graphs_in_aten, s
+
+
 def test_indices_past_2_to_the_31_take_the_wide_binary():
     """A launch whose indices reach 2^31 runs the int64 binary, compiled at that launch."""
 

@@ -19,7 +19,7 @@ from kiln import counters, errors, logs
 from kiln.codegen.backends import get_backend, resolve_target, target_problem
 from kiln.frontend.attention_captured import rewrite_captured_attention
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
-from kiln.frontend.importer import graph_device
+from kiln.frontend.importer import cpu_scalars, graph_device
 from kiln.frontend.linear_xent import rewrite_linear_cross_entropy
 from kiln.frontend.partition import PartitionSummary, partition
 from kiln.frontend.random import draw_seeds_once, random_decompositions
@@ -155,6 +155,8 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
         raise FamilyFailed("the graph's sizes have no shape environment")
     device = graph_device(example_inputs)
     target = resolve_target(options.target, device)
+    moved = cpu_scalars(example_inputs)  # compiled as the GPU's tensors, copied there per call
+    example_inputs = [x.to(device) if i in moved else x for i, x in enumerate(example_inputs)]
     if device.type == "cuda" and not env_gpu_families():
         raise FamilyFailed("shape families on a GPU are off (KILN_GPU_FAMILIES=0)")
     if getattr(options, "check", False):  # the numerics check compares kernels at concrete sizes
@@ -189,7 +191,24 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
         report.family = family_text(report.host_program)
     recompiles_log.debug("kiln: one program for the shape family %s", report.family)
     fn._boxed_call = True
+    if moved:
+        fn = _ScalarsToDevice(fn, moved, device)
     return _FirstCallChecked(fn, gm)
+
+
+class _ScalarsToDevice:
+    """A program compiled with its graph's CPU scalar tensors taken as the GPU's: each call
+    copies them there first (a few bytes each; the copy does not wait for the GPU)."""
+
+    _boxed_call = True
+
+    def __init__(self, fn: Callable, positions: list[int], device: torch.device):
+        self.fn, self.positions, self.device = fn, positions, device
+
+    def __call__(self, args: list) -> Any:
+        for i in self.positions:
+            args[i] = args[i].to(self.device, non_blocking=True)
+        return self.fn(args)
 
 
 def family_text(program: Any) -> str:

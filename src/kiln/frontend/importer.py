@@ -93,11 +93,25 @@ def _check(result: Node, val: torch.Tensor, b: Builder) -> Node:
 
 
 def graph_device(example_inputs: list[Any]) -> torch.device:
-    """The device of a graph's tensors (the first tensor input's; the CPU when none)."""
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor):
+    """The device of a graph's tensors: the first tensor input's that is not a CPU scalar
+    (see cpu_scalars), else the first tensor's; the CPU when none."""
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    for x in tensors:
+        if not _is_cpu_scalar(x):
             return x.device
-    return torch.device("cpu")
+    return tensors[0].device if tensors else torch.device("cpu")
+
+
+def _is_cpu_scalar(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dim() == 0
+
+
+def cpu_scalars(example_inputs: list[Any]) -> list[int]:
+    """The positions of a GPU graph's 0-d CPU tensor inputs, which eager's GPU ops take as
+    scalars (Dynamo passes a module's float attribute so under dynamic=True)."""
+    if graph_device(example_inputs).type == "cpu":
+        return []
+    return [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and _is_cpu_scalar(x)]
 
 
 def import_graph(gm: fx.GraphModule, example_inputs: list[Any],
