@@ -156,7 +156,10 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
     device = graph_device(example_inputs)
     target = resolve_target(options.target, device)
     moved = cpu_scalars(example_inputs)  # compiled as the GPU's tensors, copied there per call
-    example_inputs = [x.to(device) if i in moved else x for i, x in enumerate(example_inputs)]
+    try:
+        example_inputs = [x.to(device) if i in moved else x for i, x in enumerate(example_inputs)]
+    except Exception as e:  # noqa: BLE001 - the graph compiles per shape instead
+        raise FamilyFailed(f"its CPU scalars cannot be taken to {device} ({type(e).__name__}: {e})") from e
     if device.type == "cuda" and not env_gpu_families():
         raise FamilyFailed("shape families on a GPU are off (KILN_GPU_FAMILIES=0)")
     if getattr(options, "check", False):  # the numerics check compares kernels at concrete sizes
