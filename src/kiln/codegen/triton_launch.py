@@ -185,7 +185,7 @@ def assumes_aligned_tensors(kernel: k.Kernel, sizes_of_16: bool = False) -> bool
     return rows_aligned(kernel, sizes_of_16) or split_rows(kernel) is not None
 
 
-def _row_starts_aligned(kernel: k.Kernel, s: k.Load | k.Store, sizes_of_16: bool) -> bool:
+def _row_starts_aligned(kernel: k.Kernel, s: k.Load | k.Store, sizes_of_16: bool = False) -> bool:
     steps = [s.index.coef(x) * s.dtype.itemsize for x in kernel.outer]
     if sizes_of_16:
         steps = [times_16(step) for step in steps]
