@@ -151,9 +151,25 @@ def test_register_budgets():
     # 42 fit 10 programs and 40 would fit 12; failing that (a spill), up to 48 still fit 10
     assert register_caps(42, 4) == [40, 48] and programs_per_sm(48, 4) == 10 < programs_per_sm(40, 4)
     assert register_caps(250, 1) == [] and max(register_caps(200, 4)) <= 255
+    # fewer registers than one allocation unit: nothing lower to try
+    assert register_caps(5, 4) == [] and programs_per_sm(0, 4) == programs_per_sm(8, 4) == 16
+
+
+def test_launches_that_do_not_fill_the_gpu_compile_once(kernels, cache_hits, monkeypatch):
+    """A launch of no more programs than the GPU has multiprocessors runs one on each,
+    whatever its registers: no budget can speed it, so its kernel compiles once."""
+    budgets = []
+    monkeypatch.setattr(triton_build, "register_caps", lambda regs, warps: budgets.append(regs) or [])
+    monkeypatch.setattr(triton_build, "MULTIPROCESSORS", 1 << 30)
+    compile_variants(kernels, SM90)
+    assert budgets == []
+    monkeypatch.setattr(triton_build, "MULTIPROCESSORS", 0)
+    compile_variants(kernels, SM90)
+    assert len(budgets) == len(kernels)
 
 
 def test_kernels_compile_under_their_register_budget(kernels, cache_hits, monkeypatch):
+    monkeypatch.setattr(triton_build, "MULTIPROCESSORS", 0)  # every launch fills the GPU
     # with fp fusion (off in kiln's builds, for eager's rounding) one canonical kernel fits
     # another program under a budget without spilling: the budgets' mechanism is what is tested
     options = triton_build._options

@@ -88,8 +88,7 @@ def launch_configs(kernel: Kernel, autotune: bool, interpreted: bool = False) ->
     if kernel.sizes:  # a family's: the traced sizes' variant (timings hold for one shape)
         from kiln.codegen.triton_sizes import launch_variants
 
-        configs, choose = launch_variants(kernel, interpreted)
-        return [configs[0]]
+        return [launch_variants(kernel, interpreted)[0][0]]
     if interpreted:
         return [launch_config(kernel, True)]
     return candidate_configs(kernel) if autotune else [launch_config(kernel, False)]
@@ -205,8 +204,25 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
         for (kernel, path), cs in zip(kernels, configs)
         for c in cs
     ]
-    compiled = iter(_compile_at_register_budgets(jobs))
+    fills = [_fills_the_gpu(kernel, _family_config(kernel, c) if kernel.sizes else c)
+             for (kernel, _), cs in zip(kernels, configs) for c in cs]
+    compiled = iter(_compile_at_register_budgets(jobs, fills))
     return [{c: next(compiled) for c in cs} for cs in configs]
+
+
+# An H100's or H200's multiprocessors: a launch of no more programs than this runs at most one
+# on each, however many its registers would let one hold.
+MULTIPROCESSORS = 132
+
+
+def _fills_the_gpu(kernel: Kernel, config: tuple) -> bool:
+    """Whether a launch at the traced sizes has more programs than the GPU multiprocessors:
+    only then can a register budget that fits more programs on one speed it up."""
+    import math
+
+    from kiln.codegen.triton_sizes import hinted
+
+    return math.prod(hinted(kernel, d) for d in launch_grid(kernel, config)) > MULTIPROCESSORS
 
 
 def _family_launcher(kernel: Kernel, path: Path, jit_fn, binaries: dict) -> Callable:
@@ -229,11 +245,15 @@ def family_compile_args(kernel: Kernel, path: Path, target: tuple, key: tuple,
     """compile_args for one binary of a family's kernel (runtime/triton_family.VariantKey).
     A launcher passes the configuration it chose at build time: outside the compile the
     sizes' traced values, which launch_variants reads, are gone."""
+    config = config or _family_config(kernel, key)
+    return compile_args(kernel, path, config, target, key[1], key[2])
+
+
+def _family_config(kernel: Kernel, key: tuple) -> tuple:
+    """The launch configuration of a family's binary (runtime/triton_family.VariantKey)."""
     from kiln.codegen.triton_sizes import launch_variants
 
-    if config is None:
-        config = launch_variants(kernel, False)[0][key[0]]
-    return compile_args(kernel, path, config, target, key[1], key[2])
+    return launch_variants(kernel, False)[0][key[0]]
 
 
 # An SM holds 65536 registers and 2048 threads (in at most 32 programs) and gives a warp its
@@ -252,7 +272,7 @@ MIN_REGISTERS_RAISED = 32
 
 
 def programs_per_sm(registers: int, warps: int) -> int:
-    per_warp = -(-registers // REGISTER_UNIT) * REGISTER_UNIT * 32
+    per_warp = max(1, -(-registers // REGISTER_UNIT)) * REGISTER_UNIT * 32
     return min(PROGRAMS_PER_SM, THREADS_PER_SM // (32 * warps), REGISTERS_PER_SM // (per_warp * warps))
 
 
@@ -262,7 +282,8 @@ def register_caps(registers: int, warps: int) -> list[int]:
     which as many programs fit, where that is more (from MIN_REGISTERS_RAISED up)."""
     caps = []
     below = registers // REGISTER_UNIT * REGISTER_UNIT
-    if below < registers and programs_per_sm(below, warps) > programs_per_sm(registers, warps):
+    fewer_fit = programs_per_sm(below, warps) > programs_per_sm(registers, warps)
+    if REGISTER_UNIT <= below < registers and fewer_fit:
         caps.append(below)
     fits, top = programs_per_sm(registers, warps), below
     while top + REGISTER_UNIT <= MAX_REGISTERS and programs_per_sm(top + REGISTER_UNIT, warps) == fits:
@@ -297,12 +318,16 @@ def _resources(compiled) -> tuple[int, int] | None:
     return (values[0x2F], values.get(0x12, 0)) if 0x2F in values else None
 
 
-def _compile_at_register_budgets(jobs: list[compile_pool.CompileArgs]) -> list:
+def _compile_at_register_budgets(jobs: list[compile_pool.CompileArgs],
+                                 fills: list[bool] | None = None) -> list:
     """Compile every job; for CUDA, again under its register budgets in turn, keeping the
-    first binary that does not spill more than the uncapped one."""
+    first binary that does not spill more than the uncapped one. fills: per job, whether its
+    launches fill the GPU (_fills_the_gpu); those that do not compile once."""
     compiled = compile_pool.compile_all(jobs)
     pending = []  # (job index, budgets left to try, stack bytes uncapped)
     for i, (job, binary) in enumerate(zip(jobs, compiled)):
+        if fills is not None and not fills[i]:
+            continue
         # a matmul template's registers follow from its tiles, which autotuning chooses
         template = "num_stages" in job.options
         used = _resources(binary) if job.target[0] == "cuda" and not template else None
