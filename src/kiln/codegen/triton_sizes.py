@@ -158,19 +158,17 @@ def launch_variants(kernel: k.Kernel, interpreted: bool) -> tuple[tuple, Callabl
     traced = launch_config(kernel, interpreted)
     looped = kernel.reduce and not is_persistent(kernel) and not k.column_reduction(kernel)
     rows = sz(kernel.reduce_numel) if kernel.reduce else "0"
-    configs, cases = [], []
+    configs, fits = [], ""  # fits: the one-tile test that picks configuration 0
     if one_tile_variant(kernel):
         tile = launch_config(kernel, interpreted, one_tile=True)
-        configs, cases = [(*tile, True)], [f"0 if {rows} <= {tile[1]} else "]
+        configs, fits = [(*tile, True)], f"0 if {rows} <= {tile[1]} else "
         traced = (*traced, False)
+    first = len(configs)  # the traced looped configuration's index
     if not looped or not sizes.is_symbolic(kernel.reduce_numel) or traced[1] >= LONG_ROW_BLOCK:
-        configs.append(traced)
-        return tuple(configs), size_function(kernel, "".join(cases) + str(len(configs) - 1))
+        return (*configs, traced), size_function(kernel, f"{fits}{first}")
     long_rows = (1, LONG_ROW_BLOCK, 8) + traced[3:]
-    at_least = LONG_ROWS * traced[1]
-    first = len(configs)
-    configs += [traced, long_rows]
-    return tuple(configs), size_function(kernel, "".join(cases) + f"{first} + int({rows} >= {at_least})")
+    longer = f"int({rows} >= {LONG_ROWS * traced[1]})"
+    return (*configs, traced, long_rows), size_function(kernel, f"{fits}{first} + {longer}")
 
 
 def family_choices(kernel: k.Kernel) -> str:
@@ -180,7 +178,8 @@ def family_choices(kernel: k.Kernel) -> str:
     names = ", ".join(f"ks{i} = {s} (traced {sizes.hint(s)})" for i, s in enumerate(kernel.sizes))
     configs, _ = launch_variants(kernel, False)
     parts = [f"sizes {names} are arguments"]
-    if one_tile_variant(kernel):
+    one_tile = one_tile_variant(kernel)
+    if one_tile:
         (xblock, rblock, warps, _), *configs = configs
         parts.append(f"rows of length {kernel.reduce_numel} up to {rblock} in one tile "
                      f"(XBLOCK {xblock}, {warps} warps), longer ones looped")
@@ -192,7 +191,7 @@ def family_choices(kernel: k.Kernel) -> str:
         parts.append("one flat index (the lines' count is not known to fit a grid's second dimension)")
     (xblock, rblock, warps, *_), *longer = configs
     parts.append(f"XBLOCK {xblock}, RBLOCK {rblock}, {warps} warps from the traced example"
-                 + (" for looped rows" if one_tile_variant(kernel) else ""))
+                 + (" for looped rows" if one_tile else ""))
     for x, r, w, *_ in longer:
         parts.append(f"rows of {LONG_ROWS * rblock} or more: XBLOCK {x}, RBLOCK {r}, {w} warps")
     parts.append("grid and int64 indexing per launch")

@@ -85,7 +85,7 @@ def triton_settings() -> dict[str, str | None]:
     return settings
 
 
-_hashed_ptxas: list[str | None] = [None]  # the ptxas whose version this process's Triton hashes
+_hashed_ptxas: str | None = None  # the ptxas whose version this process's Triton hashes
 
 
 def _hash_the_ptxas_in_use() -> None:
@@ -94,6 +94,7 @@ def _hash_the_ptxas_in_use() -> None:
     in the process names another ptxas later (Inductor names PyTorch's), a process that
     compiled before would hash the first's version and run the second: forget the kept
     version then, here and in each worker, so that both hash the ptxas they run."""
+    global _hashed_ptxas
     try:
         from triton import knobs
         from triton.backends.nvidia.compiler import get_ptxas_version
@@ -101,9 +102,9 @@ def _hash_the_ptxas_in_use() -> None:
         path = knobs.nvidia.ptxas.path
     except (ImportError, RuntimeError, AttributeError):  # no CUDA backend, or no ptxas
         return
-    if _hashed_ptxas[0] != path:
+    if _hashed_ptxas != path:
         get_ptxas_version.cache_clear()
-    _hashed_ptxas[0] = path
+        _hashed_ptxas = path
 
 
 def _apply_settings(settings: dict[str, str | None]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -198,14 +199,12 @@ def compile_variants(kernels: list[tuple[Kernel, Path]], target: tuple, autotune
         compiled_with_the_graph(kernel) if kernel.sizes else launch_configs(kernel, autotune)
         for kernel, _ in kernels
     ]
-    jobs = [
-        family_compile_args(kernel, path, target, c) if kernel.sizes
-        else compile_args(kernel, path, c, target)
-        for (kernel, path), cs in zip(kernels, configs)
-        for c in cs
-    ]
-    fills = [_fills_the_gpu(kernel, _family_config(kernel, c) if kernel.sizes else c)
-             for (kernel, _), cs in zip(kernels, configs) for c in cs]
+    # (kernel, path, key, launch configuration) per binary: a family's keys name variants
+    planned = [(kernel, path, c, _family_config(kernel, c) if kernel.sizes else c)
+               for (kernel, path), cs in zip(kernels, configs) for c in cs]
+    jobs = [family_compile_args(kernel, path, target, c, config) if kernel.sizes
+            else compile_args(kernel, path, c, target) for kernel, path, c, config in planned]
+    fills = [_fills_the_gpu(kernel, config) for kernel, _, _, config in planned]
     compiled = iter(_compile_at_register_budgets(jobs, fills))
     return [{c: next(compiled) for c in cs} for cs in configs]
 
@@ -218,8 +217,6 @@ MULTIPROCESSORS = 132
 def _fills_the_gpu(kernel: Kernel, config: tuple) -> bool:
     """Whether a launch at the traced sizes has more programs than the GPU multiprocessors:
     only then can a register budget that fits more programs on one speed it up."""
-    import math
-
     from kiln.codegen.triton_sizes import hinted
 
     return math.prod(hinted(kernel, d) for d in launch_grid(kernel, config)) > MULTIPROCESSORS
