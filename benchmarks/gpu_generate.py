@@ -106,7 +106,14 @@ def compile_breakdown() -> str:
 
     passes = sum(r.seconds for r in REPORTS)
     build = sum(p.seconds for r in REPORTS for p in r.passes if p.name == "build")
-    return f"kiln's passes {passes:.2f} s over {len(REPORTS)} graphs, {build:.2f} s of them building kernels"
+    text = f"kiln's passes {passes:.2f} s over {len(REPORTS)} graphs, {build:.2f} s of them building kernels"
+    try:  # Dynamo's and AOTAutograd's own timers, summed over every compile
+        headers, values = torch._dynamo.utils.compile_times(repr="csv", aggregate=True)
+        timed = sorted(zip(headers, values), key=lambda hv: -float(hv[1] or 0))[:6]
+        text += "\nDynamo's timers (s): " + ", ".join(f"{h} {float(v):.2f}" for h, v in timed)
+    except Exception as e:  # noqa: BLE001 - a timer's shape differs between torch versions
+        text += f"\nDynamo's timers unavailable: {e}"
+    return text
 
 
 def agreement(tokens: tuple, eager: tuple, exact: bool) -> str:

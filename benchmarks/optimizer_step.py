@@ -76,6 +76,25 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
+def profile(variants, names, device) -> None:
+    """Host time per step (the call's return, the device not awaited: a step whose host time
+    is its whole time is launch-bound) and, on a GPU, time per kernel."""
+    for name in names:
+        step = variants[name][2]
+        host = []
+        for _ in range(5):
+            sync(device)
+            t0 = time.perf_counter()
+            step()
+            host.append(time.perf_counter() - t0)
+        sync(device)
+        print(f"\n{name}: host time per step {statistics.median(host) * 1e3:.2f} ms")
+        if device.type == "cuda":
+            from benchmarks.gpu_train import print_profile
+
+            print_profile(name, step, top=12)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -83,6 +102,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="transformer blocks (default: GPT-2's 12)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--variants", default="eager foreach,eager fused,inductor,kiln")
+    ap.add_argument("--profile", action="store_true",
+                    help="print each variant's host time per step and, on a GPU, its kernels")
     args = ap.parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     shapes = gpt2_shapes(args.layers)
@@ -125,6 +146,8 @@ def main() -> None:
     for name in names:
         t = statistics.median(times[name])
         print(f"| {name} | {t * 1e3:.2f} | {base / t:.2f}x | {moved / t / 1e9:.1f} | {first[name]:.1f} |")
+    if args.profile:
+        profile(variants, names, device)
     if "kiln" in names:
         import kiln
 

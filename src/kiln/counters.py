@@ -28,6 +28,10 @@ class Stats:
     specialized: int = 0
     kernels_built: int = 0  # kernels compiled by the C++ compiler or Triton
     kernel_cache_hits: int = 0  # kernels loaded from kiln's cache instead
+    # binaries of shape-family kernels compiled at a launch that needed one (a configuration,
+    # indexing or size divisibility not compiled with the graph), and the seconds they took
+    binaries_at_launch: int = 0
+    seconds_at_launch: float = 0.0
     # "kind: reason" -> how many whole graphs ran in ATen so
     graphs_in_aten: collections.Counter = field(default_factory=collections.Counter)
     # op -> how many ATen calls kiln placed inside compiled programs (no lowering, or by design)
@@ -36,6 +40,9 @@ class Stats:
     def __str__(self) -> str:
         lines = [f"graphs compiled: {self.graphs_compiled} ({self.graphs_from_cache} from the graph cache)",
                  f"kernels built: {self.kernels_built}, from the cache: {self.kernel_cache_hits}"]
+        if self.binaries_at_launch:
+            lines.append(f"family binaries compiled at a launch: {self.binaries_at_launch} "
+                         f"({self.seconds_at_launch:.2f} s)")
         if self.graphs_symbolic or self.specialized:
             lines.append(f"graphs compiled once for their shape family: {self.graphs_symbolic}, "
                          f"sizes specialized by kiln: {self.specialized}")
@@ -80,6 +87,12 @@ def shape_variant(graph: int) -> int:
     with _LOCK:
         _STATS.shape_variants[graph] = _STATS.shape_variants.get(graph, 0) + 1
         return _STATS.shape_variants[graph]
+
+
+def binary_at_launch(seconds: float) -> None:
+    with _LOCK:
+        _STATS.binaries_at_launch += 1
+        _STATS.seconds_at_launch += seconds
 
 
 def graph_symbolic() -> None:

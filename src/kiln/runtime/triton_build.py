@@ -9,10 +9,12 @@ import dataclasses
 import functools
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln import counters, logs
 from kiln.ir.kernel import Kernel
 from kiln.ir.matmul import is_matmul
 from kiln.runtime import cache, compile_pool, triton_abi
@@ -231,7 +233,13 @@ def _family_launcher(kernel: Kernel, path: Path, jit_fn, binaries: dict) -> Call
     target = triton_abi.current_target()
 
     def compile_variant(key, config):
-        return _compile_at_register_budgets([family_compile_args(kernel, path, target, key, config)])[0]
+        start = time.perf_counter()
+        binary = _compile_at_register_budgets([family_compile_args(kernel, path, target, key, config)])[0]
+        seconds = time.perf_counter() - start
+        counters.binary_at_launch(seconds)
+        logs.recompiles.info("%s: binary %s (configuration %d, int64 indices %s, sizes of 16 %s) "
+                             "compiled at its first launch, %.2f s", kernel.name, config, *key, seconds)
+        return binary
 
     # a binary for sizes of 16 may assume aligned tensors where the others do not
     return FamilyLauncher(kernel, jit_fn, compile_variant, binaries, assumes_aligned_tensors(kernel, True))
