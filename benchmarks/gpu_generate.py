@@ -71,6 +71,9 @@ def run_variant(variant: str, model, prompts: list, args, device: torch.device) 
         model.forward = kiln.compile(model.forward, dynamic=True if args.dynamic else None)
     elif variant != "eager":
         raise SystemExit(f"unknown variant {variant!r}: eager, inductor or kiln")
+    calls: list[tuple[float, str]] = []
+    if args.slow_calls:
+        model.forward = timed_calls(model.forward, calls, device)
     extra = {"cache_implementation": "static"} if args.cache == "static" else {}
 
     def generate(ids: torch.Tensor, n: int) -> tuple[torch.Tensor, float]:
@@ -90,6 +93,8 @@ def run_variant(variant: str, model, prompts: list, args, device: torch.device) 
         many.append(generate(prompts[0], n)[1])
         one.append(generate(prompts[0], 1)[1])
     after_first = since(before)
+    if args.slow_calls:
+        print_slow_calls(variant, calls)
     tokens2, first2 = generate(prompts[1], n)
     after_both = since(before)
     if variant != "eager":
@@ -98,6 +103,29 @@ def run_variant(variant: str, model, prompts: list, args, device: torch.device) 
     return {"tokens": (tokens1, tokens2), "first_s": first, "first2_s": first2, "prefill_ms": 1e3 * t_one,
             "ms_per_token": 1e3 * (t_many - t_one) / max(n - 1, 1), "gen_ms": 1e3 * t_many,
             "after_first": after_first, "after_both": after_both}
+
+
+def timed_calls(forward, calls: list, device: torch.device):
+    """forward, each call awaited and timed with its inputs' shapes (what the first generate's
+    time was spent on: a compile, a kernel's first launch, a library's plan for a new shape)."""
+
+    def timed(*args, **kwargs):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = forward(*args, **kwargs)
+        _sync(device)
+        shapes = [tuple(v.shape) for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+        calls.append((time.perf_counter() - t0, str(shapes)))
+        return out
+
+    return timed
+
+
+def print_slow_calls(variant: str, calls: list, top: int = 12) -> None:
+    ranked = sorted(range(len(calls)), key=lambda i: -calls[i][0])
+    print(f"{variant}: {len(calls)} forward calls in {sum(t for t, _ in calls):.2f} s; slowest:")
+    for i in ranked[:top]:
+        print(f"  call {i}: {calls[i][0]:.3f} s, inputs {calls[i][1]}")
 
 
 def compile_breakdown() -> str:
@@ -147,6 +175,8 @@ def main() -> int:
     parser.add_argument("--variants", default="eager,inductor,kiln")
     parser.add_argument("--dynamic", action="store_true",
                         help="kiln.compile(..., dynamic=True): symbolic sizes from the first call")
+    parser.add_argument("--slow-calls", action="store_true",
+                        help="time each forward call up to the first timed run, print the slowest")
     args = parser.parse_args()
     for name, value in (SMALL if args.small else FULL).items():
         if getattr(args, name) is None:
