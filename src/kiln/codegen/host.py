@@ -49,6 +49,7 @@ class _Emitter:
         self.lines: list[str] = []
         self.globals: dict[str, Any] = {"torch": torch, "device": torch.device(program.device)}
         self.slot_address = _slot_addresses(program)
+        self.arena_views = _arena_views(program, self.slot_address)
 
     def bind(self, prefix: str, value: Any) -> str:
         """A global holding value (one per distinct object)."""
@@ -113,10 +114,26 @@ def _slot_addresses(program: HostProgram) -> dict[str, int]:
     return {name: slot for name, slot in in_slots.items() if name not in used_otherwise}
 
 
+def _arena_views(program: HostProgram, slot_address: dict[str, int]) -> list[tuple]:
+    """The (slot, shape, stride) of each distinct arena buffer of fixed sizes that needs a
+    tensor: made once per thread with its arena, as the slot and its memory are, instead of
+    a view per buffer per call."""
+    views: list[tuple] = []
+    for i in program.body:
+        if isinstance(i, Alloc) and i.slot is not None and i.out not in slot_address:
+            view = (i.slot, tuple(i.shape), tuple(i.stride))
+            if view not in views and not symbols(view):
+                views.append(view)
+    return views
+
+
 def _alloc(e: _Emitter, i: Alloc) -> None:
     if i.out in e.slot_address:
         return
-    if i.slot is not None:
+    view = (i.slot, tuple(i.shape), tuple(i.stride))
+    if view in e.arena_views:
+        e.emit(f"{i.out} = arena_view[{e.arena_views.index(view)}]")
+    elif i.slot is not None:
         e.helper("as_strided", torch.as_strided)
         e.emit(f"{i.out} = as_strided(arena[{i.slot}], {_shape(i.shape)}, {_shape(i.stride)})")
     else:
@@ -274,8 +291,9 @@ def generate(program: HostProgram, launchers: Mapping[str, Callable] | None = No
         for spec in program.inputs:
             e.emit(f"check_input({spec.name}, {e.bind('input_spec', spec)})")
     if program.arena:
-        e.helper("arena_for_thread", host_ops.thread_arena(program.arena, torch.device(program.device)))
-        e.emit("arena, arena_address = arena_for_thread()")
+        arena = host_ops.thread_arena(program.arena, torch.device(program.device), e.arena_views)
+        e.helper("arena_for_thread", arena)
+        e.emit("arena, arena_address, arena_view = arena_for_thread()")
     if program.checks:
         e.helper("zeros", torch.zeros)
         e.helper("checks", program.checks)

@@ -50,16 +50,18 @@ def checks_message(checks: tuple[Check, ...]) -> str:
     return "kiln: a run-time check failed in a compiled program (" + ", ".join(map(str, checks)) + ")"
 
 
-def thread_arena(slots: tuple[Slot, ...], device: torch.device) -> Callable[[], tuple[list, list]]:
-    """Per-thread storage for the temporaries' slots, allocated on a thread's first call, and
-    the slots' addresses."""
+def thread_arena(slots: tuple[Slot, ...], device: torch.device,
+                 views: list[tuple] = ()) -> Callable[[], tuple[list, list, list]]:
+    """Per-thread storage for the temporaries' slots, allocated on a thread's first call, the
+    slots' addresses, and views of them: (slot, shape, stride) each."""
     local = threading.local()
 
-    def get() -> tuple[list, list]:
+    def get() -> tuple[list, list, list]:
         arena = getattr(local, "arena", None)
         if arena is None:
             storage = [torch.empty(max(s.extent, 1), dtype=s.dtype, device=device) for s in slots]
-            arena = local.arena = (storage, [t.data_ptr() for t in storage])
+            made = [torch.as_strided(storage[slot], shape, stride) for slot, shape, stride in views]
+            arena = local.arena = (storage, [t.data_ptr() for t in storage], made)
         return arena
 
     return get
