@@ -3,14 +3,22 @@
 For each case (benchmarks/cases.py, the CPU cases; or the GPU kernel table's memory-bound cases,
 benchmarks/gpu.py, with --gpu), kiln.explain
 with measure=True; per kernel, the predicted time, the measured time (the fastest launch) and the
-prediction's error relative to the measured time."""
+prediction's error relative to the measured time. --repeat N runs every case N times and reports
+the median of each kernel's predicted and measured times (a shared machine's speed drifts);
+--measure-ceilings measures the ceilings again in this process first, instead of reading them
+from kiln's cache (where they were measured at another time)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 
 import torch
+
+# the joint (training) cache's hits load their programs without the cost model's estimate
+os.environ.setdefault("KILN_JOINT_CACHE", "0")
 
 
 def check(name: str, fn, args: tuple) -> list[tuple[str, str, float, float, str]]:
@@ -49,19 +57,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("cases", nargs="*", help="case names (default: all)")
     parser.add_argument("--small", action="store_true", help="tiny shapes (a smoke run)")
     parser.add_argument("--gpu", action="store_true", help="the GPU kernel table's memory-bound cases")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each case (medians reported)")
+    parser.add_argument("--measure-ceilings", action="store_true",
+                        help="measure the ceilings in this process (and cache them)")
     parsed = parser.parse_args(argv)
     device = torch.device("cuda" if parsed.gpu else "cpu")
     from kiln.passes.cost import Ceilings
 
+    if parsed.measure_ceilings:
+        from kiln.runtime import ceilings
+
+        ceilings.forget(device)
     print(Ceilings.for_device(device))
     print("| case | kernel | bound | predicted us | measured us | error |")
     print("|---|---|---|---|---|---|")
     for case_name, fn, args in workloads(parsed.gpu, parsed.cases, parsed.small):
-        for name, kernel, predicted, measured, bound in check(case_name, fn, args):
+        runs = [check(case_name, fn, args) for _ in range(max(parsed.repeat, 1))]
+        for row in runs[0]:
+            name, kernel, _, _, bound = row
+            same = [r for rows in runs for r in rows if r[1] == kernel]
+            predicted = statistics.median(r[2] for r in same)
+            measured = statistics.median(r[3] for r in same)
             error = (predicted - measured) / measured
             print(f"| {name} | {kernel} | {bound} | {predicted * 1e6:.1f} | {measured * 1e6:.1f} "
                   f"| {error:+.0%} |")
-            sys.stdout.flush()
+        sys.stdout.flush()
     return 0
 
 

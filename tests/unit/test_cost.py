@@ -126,6 +126,60 @@ def test_math_functions_make_a_kernel_compute_bound():
     assert c.seconds == pytest.approx(2e-6 + weight * (1 << 20) / 1e9)
 
 
+# a CPU's: a working set of up to 16 MiB stays in the last-level cache, moving at 4e10 B/s there
+CACHED = Ceilings(**{**CEILINGS.to_dict(), "ops_per_s": 1e11, "cache_copy_bytes_per_s": 4e10,
+                     "cache_bytes": 16 * MiB})
+
+
+def test_a_working_set_the_last_level_cache_holds_moves_at_its_rate():
+    fits = kernel_cost(add_kernel(1024, 1024), CACHED)  # 12 MiB
+    assert fits.bound == "memory" and fits.seconds == pytest.approx(2e-6 + 12 * MiB / 4e10)
+    beyond = kernel_cost(add_kernel(2048, 2048), CACHED)  # 48 MiB
+    assert beyond.seconds == pytest.approx(2e-6 + 48 * MiB / 1e10)
+    # a host program tells which buffers are held: here only the output
+    one = kernel_cost(add_kernel(1024, 1024), CACHED, in_cache=frozenset({"out0"}))
+    assert one.seconds == pytest.approx(2e-6 + 4 * MiB / 4e10 + 8 * MiB / 1e10)
+    assert kernel_cost(add_kernel(1024, 1024), CEILINGS).seconds == pytest.approx(2e-6 + 12 * MiB / 1e10)
+
+
+def test_a_buffer_read_after_more_traffic_than_the_cache_holds_comes_from_memory():
+    import kiln
+    from kiln.frontend.backend import REPORTS
+
+    def f(x, w):
+        m = torch.mm(x.sin(), w)  # between x's two reads: w (2 MiB) and m (2 MiB)
+        return m[:, :256] + x
+
+    x, w = torch.randn(256, 256), torch.randn(256, 2048)
+    before = len(REPORTS)
+    kiln.compile(f)(x, w)
+    report = REPORTS[before]
+    small = Ceilings(**{**CACHED.to_dict(), "cache_bytes": 3 * MiB})
+    second = [c for c in cost.program_cost(report.host_program, report.kernels, small).kernels][-1]
+    from kiln.ir.host import Launch
+
+    kernel = next(k for k in report.kernels if k.name == second.name)
+    launch = next(i for i in report.host_program.body if isinstance(i, Launch) and i.kernel == kernel.name)
+    x_name = report.host_program.inputs[0].name
+    reads_x = next(p.name for p, a in zip(kernel.params, launch.args) if a == x_name)
+    params = frozenset(p.name for p in kernel.params)
+    held = kernel_cost(kernel, small, in_cache=params)
+    m_held = kernel_cost(kernel, small, in_cache=params - {reads_x})
+    assert second.seconds == pytest.approx(m_held.seconds) and second.seconds > held.seconds
+
+
+def test_measured_reduction_steps_and_functions_of_a_kind():
+    x0, r0 = sym("x0", 256), sym("r0", 512)
+    kern = Kernel("kernel0", (Sym("x0", 256),), (Sym("r0", 512),),
+                  (Param("in0", F32, False), Param("out0", F32, True)),
+                  (Stage(True, (Load("a", "in0", x0 * 512 + r0, F32), Compute("b", "log1p", ("a",), F32),
+                                Reduce("s", "max", "b", F32))),
+                   Stage(False, (Store("out0", x0, "s", F32),))))
+    measured = Ceilings(**{**CEILINGS.to_dict(), "fn_cost": {"reduce.max": 40.0, "exp": 20.0}})
+    c = kernel_cost(kern, measured)  # log1p costs as the measured exp; a max step 40 ops
+    assert c.bound == "compute" and c.seconds == pytest.approx(2e-6 + 60 * 256 * 512 / 1e9)
+
+
 def test_eager_estimate_is_one_launch_per_op_reading_inputs_writing_results():
     def f(x, y):
         z = (x + y).relu()
@@ -212,3 +266,4 @@ def test_measured_ceilings_are_sane_even_inside_a_compile():
     assert 1e8 < c.copy_bytes_per_s < 1e13 and 1e7 < c.ops_per_s < 1e13, c
     assert 1e8 < c.matmul_flop_per_s < 1e15 and 0 < c.launch_s < 1e-2 and c.row_cache_bytes >= 0, c
     assert 0 < c.kernel_launch_s < 1e-2, c
+    assert c.cache_bytes == 0 or c.cache_copy_bytes_per_s > 0, c

@@ -4,7 +4,8 @@ ceilings (measured once per device by runtime/ceilings.py, or given).
 
 Every prediction is launch + max(bytes / copy rate, work / compute rate): a kernel is bound
 by its memory traffic or by its arithmetic, whichever takes longer, plus the fixed cost of
-starting it. Pure functions of their inputs: nothing here runs a kernel.
+starting it. On a CPU, bytes the last-level cache still holds move at the cache's copy rate,
+the rest at memory's. Pure functions of their inputs: nothing here runs a kernel.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class Ceilings:
     # (a GPU's stream): the host's launch cost then overlaps the device's work instead of adding
     # to it. 0: the host runs each kernel itself (a CPU), so launch and work add up
     queued_kernel_s: float = 0.0
+    # bytes read + written a second by a copy whose working set (cache_bytes or less) the last
+    # level cache holds (a CPU's); 0: every byte moves at copy_bytes_per_s (GPUs)
+    cache_copy_bytes_per_s: float = 0.0
+    cache_bytes: int = 0
     fn_cost: dict = field(default_factory=dict, compare=False)  # measured FN_COST (function -> ops)
 
     def to_dict(self) -> dict:
@@ -64,8 +69,10 @@ class Ceilings:
 
 # The cost of one element-wise function in simple operations (an add, a compare), by device
 # type, where the ceilings did not measure it (runtime/ceilings.py measures the common ones
-# through kiln's own C++ kernels: glibc's vector math, 3-9 adds); on GPUs a math function is
-# a few instructions.
+# through kiln's own C++ kernels, glibc's vector math: 15-50 chained adds; a function it did
+# not measure then costs as the measured exp, or div, of its row); on GPUs a math function is
+# a few instructions. The CPU's row is in units of a whole add kernel (an eager add's rate),
+# for ceilings whose probes did not build.
 _MATH_FNS = ("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan atan2 sinh cosh tanh "
              "asinh acosh atanh erf erfc erfinv lgamma digamma pow sigmoid gelu").split()
 _SLOW_FNS = "div sqrt rsqrt reciprocal fmod remainder floor_divide".split()
@@ -80,9 +87,14 @@ def _device_type(ceilings: Ceilings) -> str:
 
 
 def _fn_cost(fn: str, ceilings: Ceilings) -> float:
-    """Measured where the ceilings measured it (runtime/ceilings.py), else the table's."""
+    """Measured where the ceilings measured it (runtime/ceilings.py), else as the measured
+    function of its kind (exp for math functions, div for the slow ones), else the table's.
+    A reduction step is keyed "reduce.<kind>"."""
     if fn in ceilings.fn_cost:
         return ceilings.fn_cost[fn]
+    like = "exp" if fn in _MATH_FNS else "div" if fn in _SLOW_FNS else None
+    if like in ceilings.fn_cost:
+        return ceilings.fn_cost[like]
     return FN_COST.get(_device_type(ceilings), {}).get(fn, 1.0)
 
 
@@ -103,15 +115,31 @@ class Cost:
 
 
 def _predict(name: str, must_move: int, moves: int, flops: float, work: float, launch_s: float,
-             ceilings: Ceilings, rate: float, compute_bound: str) -> Cost:
-    memory_s = moves / ceilings.copy_bytes_per_s
+             ceilings: Ceilings, rate: float, compute_bound: str, cached: int | None = None) -> Cost:
+    """cached: the bytes of `moves` the last-level cache holds (None: all of them where the
+    working set, must_move, fits it; none otherwise)."""
+    if cached is None:
+        cached = moves if fits_cache(must_move, ceilings) else 0
+    memory_s = _memory_s(moves, cached, ceilings)
     compute_s = work / rate
     busy = max(memory_s, compute_s)
     seconds = _with_launch(launch_s, busy, ceilings)
     bound = "launch" if _launch_bound(launch_s, busy, ceilings) else (
         "memory" if memory_s >= compute_s else compute_bound)
-    floor_s = max(must_move / ceilings.copy_bytes_per_s, compute_s)
+    floor_s = max(_memory_s(must_move, min(cached, must_move), ceilings), compute_s)
     return Cost(name, must_move, moves, flops, 1, seconds, floor_s, bound, busy)
+
+
+def fits_cache(nbytes: int, ceilings: Ceilings) -> bool:
+    """Whether a working set of nbytes stays in the last-level cache (a CPU's)."""
+    return bool(ceilings.cache_copy_bytes_per_s) and nbytes <= ceilings.cache_bytes
+
+
+def _memory_s(moves: int, cached: int, ceilings: Ceilings) -> float:
+    """The time of moving `moves` bytes, `cached` of them to and from the last-level cache."""
+    if not ceilings.cache_copy_bytes_per_s:
+        return moves / ceilings.copy_bytes_per_s
+    return cached / ceilings.cache_copy_bytes_per_s + (moves - cached) / ceilings.copy_bytes_per_s
 
 
 def _with_launch(launch_s: float, busy: float, ceilings: Ceilings) -> float:
@@ -144,8 +172,12 @@ def _itemsize(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
-def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
+def kernel_cost(kernel: Kernel, ceilings: Ceilings, in_cache: frozenset[str] | None = None) -> Cost:
     """Bytes, FLOPs and predicted time of one launch of kernel.
+
+    in_cache: the parameters whose buffers the last-level cache holds at the launch (a host
+    program's order of launches tells, program_cost); None: all of them where the kernel's
+    working set (must_move) fits the cache, none otherwise.
 
     Re-reads: a buffer loaded again in a later loop stage (a softmax reads its row for the max,
     again for the sum, again for the output) moves its row again, unless one row of every
@@ -157,7 +189,7 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
         return matmul_template_cost(kernel, ceilings)
     members = getattr(kernel, "members", ())
     if members:  # a group (ir/group.py): its members' work, one launch
-        parts = [kernel_cost(m, ceilings) for m in members]
+        parts = [kernel_cost(m, ceilings, in_cache) for m in members]
         busy = sum(c.busy_s for c in parts)
         seconds = _with_launch(ceilings.kernel_launch_s, busy, ceilings)
         bound = "launch" if _launch_bound(ceilings.kernel_launch_s, busy, ceilings) else parts[0].bound
@@ -189,10 +221,11 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
                 work += iterations * _fn_cost(s.fn, ceilings)
             elif isinstance(s, Reduce):
                 flops += iterations
-                work += iterations
                 if s.kind == "expsum":  # an exp and a subtraction per element besides the sum
                     flops += 2 * iterations
-                    work += iterations * (1 + _fn_cost("exp", ceilings))
+                    work += iterations * (_fn_cost("reduce.sum", ceilings) + 1 + _fn_cost("exp", ceilings))
+                else:
+                    work += iterations * _fn_cost(f"reduce.{s.kind}", ceilings)
         for buf, size in stage_reads.items():
             if buf in first_read:
                 again[buf] = again.get(buf, 0) + size
@@ -201,8 +234,29 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings) -> Cost:
     must_move = sum(first_read.values()) + sum(written.values())
     rows_fit = sum(row_bytes[b] for b in again) <= ceilings.row_cache_bytes
     moves = must_move + (0 if rows_fit else sum(again.values()))
+    cached = None
+    if in_cache is not None:
+        cached = sum(first_read.get(b, 0) + written.get(b, 0) + (0 if rows_fit else again.get(b, 0))
+                     for b in in_cache)
     return _predict(kernel.name, must_move, moves, flops, work, ceilings.kernel_launch_s, ceilings,
-                    ceilings.ops_per_s, "compute")
+                    ceilings.ops_per_s, "compute", cached)
+
+
+def touched_bytes(kernel: Kernel) -> dict[str, int]:
+    """The bytes of each buffer parameter one launch of kernel reads or writes, each once
+    (a gather's table: the rows it reads, not the whole table); {} for a group or a template."""
+    if getattr(kernel, "product", "") or getattr(kernel, "members", ()):
+        return {}
+    scratch = {s.name for s in kernel.scratch}
+    extents = {s.name: s.extent or 1 for s in (*kernel.outer, *kernel.reduce)}
+    touched: dict[str, int] = {}
+    for stage in kernel.stages:
+        iterations = kernel.outer_numel * (kernel.reduce_numel if stage.loop else 1)
+        for s in stage.body:
+            if isinstance(s, (Load, Store)) and s.buf not in scratch:
+                size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
+                touched[s.buf] = max(touched.get(s.buf, 0), size)
+    return touched
 
 
 # --- ATen calls (kiln's extern calls and eager's ops) -----------------------------------------
@@ -442,40 +496,132 @@ def program_cost(program, kernels: list[Kernel], ceilings: Ceilings,
         View,
     )
 
-    by_name = {k.name: kernel_cost(k, ceilings) for k in kernels}
+    by_name = {k.name: k for k in kernels}
     buffers: dict[str, Any] = {s.name: _meta(s.shape, s.stride, s.dtype) for s in program.inputs}
     cost = GraphCost(eager=list(eager or []), ceilings=ceilings)
     fresh: dict[str, int] = {}  # newly mapped buffers not yet written
+    memory = _Memory()
+    launches: list[tuple[int, Kernel, dict[str, str], int]] = []  # cost.kernels' index, ...
     for ins in program.body:
         if isinstance(ins, Launch):
             if ins.kernel in by_name:
+                kernel = by_name[ins.kernel]
+                params = {p.name: a for p, a in zip(kernel.params, ins.args)}
+                touched = touched_bytes(kernel)
+                memory.step([(a, touched.get(p, _nbytes(buffers.get(a)))) for p, a in params.items()],
+                            kernel.name)
                 fresh_bytes = sum(fresh.pop(w, 0) for w in ins.writes)
-                cost.kernels.append(_first_touch(by_name[ins.kernel], fresh_bytes, ceilings))
+                launches.append((len(cost.kernels), kernel, params, fresh_bytes))
+                cost.kernels.append(Cost(kernel.name, 0, 0, 0.0, 1, 0.0, 0.0, "launch"))  # below
         elif isinstance(ins, Alloc):
             buffers[ins.out] = _meta(ins.shape, ins.stride, ins.dtype)
             nbytes = _numel(ins.shape) * ins.dtype.itemsize
+            memory.alloc(ins.out, ins.slot, nbytes >= (ceilings.fresh_alloc_bytes or math.inf))
             if ins.slot is None and ceilings.fresh_alloc_bytes and nbytes >= ceilings.fresh_alloc_bytes:
                 fresh[ins.out] = nbytes
         elif isinstance(ins, (View, EnsureLayout, EagerLayout)):
-            src = buffers.get(ins.base if isinstance(ins, View) else ins.src)
+            base = ins.base if isinstance(ins, View) else ins.src
+            src = buffers.get(base)
             dtype = getattr(ins, "dtype", None) or (src.dtype if src is not None else torch.float32)
             buffers[ins.out] = _meta(ins.shape, ins.stride, dtype)
+            memory.alias(ins.out, base)
         elif isinstance(ins, (Restride, CopyMemory)):
             src = buffers.get(ins.src)
             if src is not None:
                 stride = ins.stride if isinstance(ins, Restride) else src.stride()
                 buffers[ins.out] = _meta(src.shape, stride, src.dtype)
                 cost.aten.append(aten_cost("copy", [src], buffers[ins.out], ceilings))
+                memory.step([(ins.src, _nbytes(src)), (ins.out, _nbytes(src))])
         elif isinstance(ins, Item):
             src = buffers.get(ins.src)
             buffers[ins.out] = src[ins.index] if isinstance(src, (list, tuple)) else None
+            memory.alias(ins.out, ins.src)
         elif isinstance(ins, CallAten):
             out = _run_on_meta(ins, buffers, program.constants)
             buffers[ins.out] = out
+            refs = _refs((ins.args, ins.kwargs))
+            memory.step([(r, _nbytes(buffers.get(r))) for r in refs] + [(ins.out, _nbytes(out))])
             if out is not None and not launches_nothing(_resolved(ins.op)):
                 args = _on_meta(ins.args, buffers, program.constants)
                 cost.aten.append(aten_cost(ins.op, list(args), out, ceilings))
+    held = memory.held_at_launches(ceilings.cache_bytes) if ceilings.cache_copy_bytes_per_s else {}
+    for n, (index, kernel, params, fresh_bytes) in enumerate(launches):
+        in_cache = frozenset(p for p, a in params.items() if memory.memory(a) in held[n]) if held else None
+        cost.kernels[index] = _first_touch(kernel_cost(kernel, ceilings, in_cache), fresh_bytes, ceilings)
     return cost
+
+
+def _nbytes(value: Any) -> int:
+    return sum(_tensor_bytes(t) for t in _tensors(value))
+
+
+def _refs(value: Any) -> list[str]:
+    """The names of the buffers a host instruction's arguments refer to."""
+    from kiln.ir.host import Ref
+
+    if isinstance(value, Ref):
+        return [value.name]
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _refs(v)]
+    return []
+
+
+class _Memory:
+    """Which buffers a CPU's last-level cache holds when each of a host program's kernels
+    starts: the cache keeps what was touched last, so a buffer is held where the bytes touched
+    since its last use, and its own, fit the cache. Buffers are named by their memory (an
+    arena slot, a view's base); the program runs call after call, so the previous call's
+    steps come before the first ones. New memory below the allocator's mmap threshold is
+    memory the allocator just took back (held); a mapping of new pages is held by nothing."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}  # buffer -> its memory
+        self.steps: list[tuple[list[tuple[str, int]], str | None]] = []  # memory touched; launch
+        self.new: set[str] = set()  # memory the allocator just handed out (not yet written)
+        self.mapped: set[str] = set()
+
+    def memory(self, buf: str) -> str:
+        return self.names.get(buf, buf)
+
+    def alloc(self, buf: str, slot: int | None, mapped: bool) -> None:
+        self.names[buf] = f"slot {slot}" if slot is not None else buf
+        if slot is None:
+            (self.mapped if mapped else self.new).add(buf)
+
+    def alias(self, buf: str, base: str) -> None:
+        self.names[buf] = self.memory(base)
+
+    def step(self, touched: list[tuple[str, int]], launch: str | None = None) -> None:
+        self.steps.append(([(self.memory(b), n) for b, n in touched], launch))
+
+    def held_at_launches(self, capacity: int) -> list[set[str]]:
+        """Per launch, in order: the buffers (by the launch's argument names) the cache holds."""
+        recent: dict[str, int] = {}  # memory -> bytes, least recently touched first
+        held: list[set[str]] = []
+        for call in (0, 1):  # the first pass leaves what the previous call touched
+            for touched, launch in self.steps:
+                if launch is not None and call:
+                    held.append(self._held(touched, recent, capacity))
+                for mem, n in touched:
+                    recent.pop(mem, None)
+                    recent[mem] = n
+        return held
+
+    def _held(self, touched: list[tuple[str, int]], recent: dict[str, int], capacity: int) -> set[str]:
+        held = set()
+        for mem, n in touched:
+            if mem in self.mapped:
+                continue
+            since = 0.0 if mem in self.new else math.inf
+            if mem in recent and mem not in self.new:
+                since = 0
+                for other in reversed(recent):  # most recent first
+                    if other == mem:
+                        break
+                    since += recent[other]
+            if since + n <= capacity:
+                held.add(mem)
+        return held
 
 
 def _first_touch(c: Cost, fresh_bytes: int, ceilings: Ceilings) -> Cost:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -80,6 +81,20 @@ def ceilings_for(device: torch.device, folder: Path | None = None,
     return ceilings
 
 
+def forget(device: torch.device, folder: Path | None = None) -> None:
+    """Drop device's ceilings from this process and the cache file: the next use measures them."""
+    key = device_key(device)
+    _in_process.pop(key, None)
+    if folder is None:
+        from kiln.runtime.cache import cache_root
+
+        folder = cache_root()
+    path = Path(folder) / FILE_NAME
+    table = _read(path)
+    if table.pop(key, None) is not None:
+        _write(path, table)
+
+
 def _read(path: Path) -> dict:
     try:
         table = json.loads(path.read_text())
@@ -140,12 +155,22 @@ def _row_cache_bytes(device: torch.device) -> int:
         return l2 // (props.multi_processor_count * _ROWS_PER_SM)
     if device.type != "cpu":
         return 0
-    try:
-        text = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip()
-        units = {"K": 1 << 10, "M": 1 << 20}
-        return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-    except (OSError, ValueError):
-        return 1 << 20
+    return _cpu_cache_bytes(2) or 1 << 20
+
+
+def _cpu_cache_bytes(level: int) -> int:
+    """The size of cpu0's data or unified cache of that level (sysfs), 0 where unknown."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            if int((index / "level").read_text()) != level or kind == "Instruction":
+                continue
+            text = (index / "size").read_text().strip()
+            return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+        except (OSError, ValueError, KeyError):
+            continue
+    return 0
 
 
 # sizes per device type: a copy far beyond the caches, an op on data inside them, a matmul
@@ -211,29 +236,59 @@ MEASURED_FNS = ("exp", "log", "tanh", "erf", "gelu", "sigmoid", "sin", "cos", "s
 _PROBE_ELEMENTS = 1 << 16  # 256 kB a buffer: in the caches
 
 
-def _probe_kernel(fn: str):
-    """Kernel IR of out0[x0] = fn(in0[x0]) (or fn(in0, in0) for two operands), as kiln makes it."""
+_CHAIN = 9  # simple ops one after another on each element: their time per op is arithmetic's
+
+
+def _probe_kernel(fn: str, chain: int = 1):
+    """Kernel IR of out0[x0] = fn(in0[x0]) (or fn(in0, in0) for two operands); chain > 1:
+    fn applied that many times, each to the last one's result (and in0)."""
     from kiln.ir.index import Sym, sym
     from kiln.ir.kernel import Compute, Kernel, Load, Param, Stage, Store
 
     f32 = torch.float32
     x0 = sym("x0", _PROBE_ELEMENTS)
-    operands = ("a", "a") if fn in ("div", "pow", "add") else ("a",)
-    body = (Load("a", "in0", x0, f32), Compute("b", fn, operands, f32), Store("out0", x0, "b", f32))
-    return Kernel(f"kiln_probe_{fn}", (Sym("x0", _PROBE_ELEMENTS),), (),
-                  (Param("in0", f32, False), Param("out0", f32, True)), (Stage(False, body),))
+    body: list = [Load("a", "in0", x0, f32)]
+    last = "a"
+    for i in range(chain):
+        operands = (last, "a") if fn in ("div", "pow", "add") else (last,)
+        body.append(Compute(f"b{i}", fn, operands, f32))
+        last = f"b{i}"
+    body.append(Store("out0", x0, last, f32))
+    name = f"kiln_probe_{fn}" + (f"{chain}" if chain > 1 else "")
+    return Kernel(name, (Sym("x0", _PROBE_ELEMENTS),), (),
+                  (Param("in0", f32, False), Param("out0", f32, True)), (Stage(False, tuple(body)),))
+
+
+REDUCTIONS = ("sum", "max", "min")  # whose steps are timed (a max does not vectorize as a sum does)
+_ROW = 1024  # the reduction probes' row
+
+
+def _probe_reduction(kind: str):
+    """Kernel IR of out0[x0] = reduce.kind over in0's row x0."""
+    from kiln.ir.index import Sym, sym
+    from kiln.ir.kernel import Kernel, Load, Param, Reduce, Stage, Store
+
+    f32, rows = torch.float32, _PROBE_ELEMENTS // _ROW
+    x0, r0 = sym("x0", rows), sym("r0", _ROW)
+    stages = (Stage(True, (Load("a", "in0", x0 * _ROW + r0, f32), Reduce("s", kind, "a", f32))),
+              Stage(False, (Store("out0", x0, "s", f32),)))
+    return Kernel(f"kiln_probe_reduce_{kind}", (Sym("x0", rows),), (Sym("r0", _ROW),),
+                  (Param("in0", f32, False), Param("out0", f32, True)), stages)
 
 
 def _cpp_fn_costs() -> tuple[float, dict[str, float]]:
-    """The seconds of kiln's C++ add over _PROBE_ELEMENTS elements in the caches (on all
-    threads), and each MEASURED_FNS function's time in units of the add's; (0, {}) where the
-    probes do not build."""
+    """The seconds of one simple op (an add) on one element in kiln's C++ kernels, on all
+    threads, and each MEASURED_FNS function's time in simple ops; (0, {}) where the probes do
+    not build. An op's time is arithmetic's alone: a chain of _CHAIN adds per element less a
+    single add, on data in the caches (the loads and stores are the memory term's); a
+    function's is its kernel's time less the single add's, and a reduction step's (keyed
+    "reduce.<kind>") its row reduction's time an element less the single add's."""
     from kiln.codegen import cpp
     from kiln.runtime import cpp_build
 
     try:
-        fns = ("add", *MEASURED_FNS)
-        kernels = [_probe_kernel(fn) for fn in fns]
+        kernels = [_probe_kernel("add"), _probe_kernel("add", _CHAIN), *map(_probe_kernel, MEASURED_FNS),
+                   *map(_probe_reduction, REDUCTIONS)]
         built = cpp_build.build_all([(cpp.render_kernel(k), k.name, 2) for k in kernels])
     except Exception as e:  # noqa: BLE001 - a ceiling, not part of any program
         log.info("kiln: the math probes did not build (%s); using the cost table", e)
@@ -246,13 +301,57 @@ def _cpp_fn_costs() -> tuple[float, dict[str, float]]:
     # may wait out another process's time slice; the rate then scales with the threads
     torch.set_num_threads(1)
     try:
-        seconds = {fn: _best_seconds(lambda b=b: b.fn(*args), cpu, repeat=5, inner=20)
-                   for fn, b in zip(fns, built)}
+        add, chain, *fns = [_best_seconds(lambda b=b: b.fn(*args), cpu, repeat=5, inner=20) for b in built]
     finally:
         torch.set_num_threads(threads)
-    add = seconds.pop("add") / threads
-    return add, {fn: round(max(s / seconds_add, 1.0), 2) for fn, s in seconds.items()
-                 for seconds_add in [add * threads]}
+    op = max(chain - add, add / 10) / (_CHAIN - 1)
+    names = (*MEASURED_FNS, *(f"reduce.{kind}" for kind in REDUCTIONS))
+    return op / threads / _PROBE_ELEMENTS, {
+        fn: round(max(1.0 + (s - add) / op, 1.0), 2) for fn, s in zip(names, fns)}
+
+
+# kiln's C++ copy, for the copy rate of data in the last-level cache
+_COPY_PROBE = """extern "C" void kiln_probe_copy(const float* __restrict__ in0, float* __restrict__ out0,
+                                int64_t n) {
+  #pragma omp parallel for simd
+  for (int64_t x0 = 0; x0 < n; ++x0) {
+    out0[x0] = in0[x0];
+  }
+}
+"""
+
+
+def _cache_copy(fallback: float) -> tuple[int, float]:
+    """A working set the last-level cache holds (half of it: other cores and processes share
+    it) and the rate, bytes read + written a second, at which kiln's C++ copy moves it there.
+    Its source is written by another op just before each timed copy, as a kernel's input is
+    by the kernel before it. (0, fallback) where the cache's size is unknown or the probe
+    does not build."""
+    from kiln.runtime import cpp_build
+
+    llc = max(_cpu_cache_bytes(3), _cpu_cache_bytes(2))
+    if not llc:
+        return 0, fallback
+    try:
+        (probe,) = cpp_build.build_all([(_COPY_PROBE, "kiln_probe_copy", (2, 1))])
+    except Exception as e:  # noqa: BLE001 - a ceiling, not part of any program
+        log.info("kiln: the copy probe did not build (%s); one copy rate for every size", e)
+        return 0, fallback
+    working_set = llc // 2
+    src = torch.empty(working_set // 8)
+    dst = torch.empty_like(src)
+    args = (src.data_ptr(), dst.data_ptr(), src.numel())
+    best, threads = math.inf, torch.get_num_threads()
+    torch.set_num_threads(1)  # as the math probes: the rate then scales with the threads
+    try:
+        for i in range(10):
+            src.fill_(float(i))
+            t0 = time.perf_counter()
+            probe.fn(*args)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return working_set, working_set / best * threads
 
 
 def _queued_kernel_seconds(one: torch.Tensor, kernels: int = 100) -> float:
@@ -278,7 +377,9 @@ def _copy_seconds(nbytes: int, device: torch.device) -> float:
 
 def measure_ceilings(device: torch.device) -> Ceilings:
     """Time a large copy, a simple element-wise op on data in the caches (CPU), a matmul and a
-    tiny op (the cost of one launch) on device. About half a second on a CPU."""
+    tiny op (the cost of one launch) on device; on a CPU also kiln's own kernels: their launch,
+    arithmetic, math functions, reduction steps and a copy within the last-level cache. About a
+    second on a CPU once the probes are built."""
     # a compile measures them: outside its fake and functional tensor modes
     with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
         return _measure(device)
@@ -317,9 +418,11 @@ def _with_cpp_kernels(ceilings: Ceilings) -> Ceilings:
     """A CPU's ceilings as kiln's own C++ kernels see them: their launch, their element-wise
     rate and math functions (an eager op's rate differs), and the page faults of new memory."""
     kernel_launch_s = _cpp_launch_seconds(ceilings.launch_s)
-    add_s, fn_cost = _cpp_fn_costs()
-    ops_per_s = _PROBE_ELEMENTS / add_s if add_s else ceilings.ops_per_s
+    op_s, fn_cost = _cpp_fn_costs()
+    ops_per_s = 1.0 / op_s if op_s else ceilings.ops_per_s
     touch_s = _first_touch_seconds()
+    cache_bytes, cache_rate = _cache_copy(ceilings.copy_bytes_per_s)
     return dataclasses.replace(ceilings, kernel_launch_s=kernel_launch_s, ops_per_s=ops_per_s,
                                fn_cost=fn_cost, first_touch_s_per_byte=touch_s / FRESH_ALLOC_BYTES,
-                               fresh_alloc_bytes=FRESH_ALLOC_BYTES)
+                               fresh_alloc_bytes=FRESH_ALLOC_BYTES, cache_bytes=cache_bytes,
+                               cache_copy_bytes_per_s=cache_rate if cache_bytes else 0.0)
