@@ -509,7 +509,7 @@ def program_cost(program, kernels: list[Kernel], ceilings: Ceilings,
                 params = {p.name: a for p, a in zip(kernel.params, ins.args)}
                 touched = touched_bytes(kernel)
                 memory.step([(a, touched.get(p, _nbytes(buffers.get(a)))) for p, a in params.items()],
-                            kernel.name)
+                            launch=True)
                 fresh_bytes = sum(fresh.pop(w, 0) for w in ins.writes)
                 launches.append((len(cost.kernels), kernel, params, fresh_bytes))
                 cost.kernels.append(Cost(kernel.name, 0, 0, 0.0, 1, 0.0, 0.0, "launch"))  # below
@@ -570,14 +570,14 @@ class _Memory:
     """Which buffers a CPU's last-level cache holds when each of a host program's kernels
     starts: the cache keeps what was touched last, so a buffer is held where the bytes touched
     since its last use, and its own, fit the cache. Buffers are named by their memory (an
-    arena slot, a view's base); the program runs call after call, so the previous call's
-    steps come before the first ones. New memory below the allocator's mmap threshold is
-    memory the allocator just took back (held); a mapping of new pages is held by nothing."""
+    arena slot, a view's base). The program runs call after call, so the previous call's steps
+    come before the first ones, and a new buffer below the allocator's mmap threshold is the
+    block the allocator handed out for it in the previous call; new pages mapped for a larger
+    one are held by nothing."""
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}  # buffer -> its memory
-        self.steps: list[tuple[list[tuple[str, int]], str | None]] = []  # memory touched; launch
-        self.new: set[str] = set()  # memory the allocator just handed out (not yet written)
+        self.steps: list[tuple[list[tuple[str, int]], bool]] = []  # memory touched, bytes; a launch?
         self.mapped: set[str] = set()
 
     def memory(self, buf: str) -> str:
@@ -585,43 +585,38 @@ class _Memory:
 
     def alloc(self, buf: str, slot: int | None, mapped: bool) -> None:
         self.names[buf] = f"slot {slot}" if slot is not None else buf
-        if slot is None:
-            (self.mapped if mapped else self.new).add(buf)
+        if slot is None and mapped:
+            self.mapped.add(buf)
 
     def alias(self, buf: str, base: str) -> None:
         self.names[buf] = self.memory(base)
 
-    def step(self, touched: list[tuple[str, int]], launch: str | None = None) -> None:
+    def step(self, touched: list[tuple[str, int]], launch: bool = False) -> None:
         self.steps.append(([(self.memory(b), n) for b, n in touched], launch))
 
     def held_at_launches(self, capacity: int) -> list[set[str]]:
-        """Per launch, in order: the buffers (by the launch's argument names) the cache holds."""
+        """Per launch, in order: the memory (memory(buffer)) the cache holds as it starts."""
         recent: dict[str, int] = {}  # memory -> bytes, least recently touched first
         held: list[set[str]] = []
         for call in (0, 1):  # the first pass leaves what the previous call touched
             for touched, launch in self.steps:
-                if launch is not None and call:
-                    held.append(self._held(touched, recent, capacity))
+                if launch and call:
+                    held.append({mem for mem, n in touched if self._since(mem, recent) + n <= capacity})
                 for mem, n in touched:
                     recent.pop(mem, None)
                     recent[mem] = n
         return held
 
-    def _held(self, touched: list[tuple[str, int]], recent: dict[str, int], capacity: int) -> set[str]:
-        held = set()
-        for mem, n in touched:
-            if mem in self.mapped:
-                continue
-            since = 0.0 if mem in self.new else math.inf
-            if mem in recent and mem not in self.new:
-                since = 0
-                for other in reversed(recent):  # most recent first
-                    if other == mem:
-                        break
-                    since += recent[other]
-            if since + n <= capacity:
-                held.add(mem)
-        return held
+    def _since(self, mem: str, recent: dict[str, int]) -> float:
+        """The bytes touched since mem was last (inf: never, or newly mapped)."""
+        if mem in self.mapped or mem not in recent:
+            return math.inf
+        since = 0
+        for other in reversed(recent):  # most recent first
+            if other == mem:
+                return since
+            since += recent[other]
+        return math.inf
 
 
 def _first_touch(c: Cost, fresh_bytes: int, ceilings: Ceilings) -> Cost:
