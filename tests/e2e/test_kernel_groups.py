@@ -93,3 +93,21 @@ def test_on_a_gpu_only_launch_bound_kernels_join_a_group(monkeypatch):
     (group,) = [d for d in report.decisions if d.verdict == "grouped"]
     assert group.reason.startswith("2 "), group
     assert len(_launches(report)) == 2, report.host_program
+
+
+def test_a_kernel_reading_a_family_size_joins_no_group_and_the_family_compiles_once():
+    """x[:, :4] has a static domain but reads x's rows at a stride of the family's size: in a
+    group (whose launch passes no sizes) it failed the family into a compile per shape."""
+    def f(x, y):
+        return x[:, :4] * 2, y.sigmoid()
+
+    torch._dynamo.reset()
+    kiln.reset_stats()
+    g = kiln.compile(f)
+    y = torch.randn(5)
+    for width in (10, 17, 33):
+        x = torch.randn(3, width)
+        torch._dynamo.mark_dynamic(x, 1)
+        assert_same(g(x, y), f(x, y))
+    stats = kiln.stats()
+    assert stats.graphs_compiled == 1 and stats.graphs_symbolic == 1, stats

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.ir.group import make_group
-from kiln.ir.kernel import Kernel
+from kiln.ir.kernel import Kernel, size_params
 from kiln.ir.matmul import is_matmul
 from kiln.ir.sizes import is_symbolic
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
@@ -22,10 +22,11 @@ from kiln.passes.layout import node_label
 
 def _groupable(kern: Kernel) -> bool:
     """Point-wise, checking nothing, not empty, of static sizes (a group's launch passes its
-    members' buffers only), and not a matmul template (a launch of its own tiling)."""
+    members' buffers only), and not a matmul template (a launch of its own tiling). A static
+    domain is not enough: an index may still read a shape family's size (a slice's stride)."""
     if kern.reduce or kern.checks or kern.sizes or is_symbolic(kern.outer_numel) or is_matmul(kern):
         return False
-    return kern.outer_numel > 0
+    return kern.outer_numel > 0 and not size_params(kern).sizes
 
 
 def _buffers(kern: Kernel) -> tuple[set[str], set[str]]:
