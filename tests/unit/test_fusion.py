@@ -105,6 +105,27 @@ def test_independent_kernels_over_the_same_domain_merge():
     assert "same domain [4, 8]" in merged.reason and "independent" in merged.reason
 
 
+def test_unrelated_kernels_over_a_large_domain_stay_apart_where_the_backend_says():
+    """A GPU merges kernels that share no buffer only over small domains (launch-bound ones);
+    kernels that read a buffer in common merge at any size."""
+    from planning import tensor_graph
+
+    from kiln.passes.fusion import plan_stores, schedule
+    from kiln.passes.layout import Layouts
+
+    def f(x, y):
+        return x.sin(), y.cos(), x.exp()
+
+    graph = tensor_graph(f, torch.randn(64, 64), torch.randn(64, 64))
+    stored, aliases, decisions = plan_stores(graph, Layouts(graph))
+    merged_everywhere = schedule(graph, dict(stored), aliases, list(decisions))
+    assert len(kernel_plans(merged_everywhere)) == 1
+    small_only = schedule(graph, dict(stored), aliases, list(decisions), merge_unrelated_points=1024)
+    roots = sorted(len(p.roots) for p in kernel_plans(small_only))
+    assert roots == [1, 2], roots  # sin and exp read x; cos reads y alone
+    assert len(kernel_plans(schedule(graph, dict(stored), aliases, list(decisions), 4096))) == 1
+
+
 def test_dependent_kernels_do_not_merge():
     def f(x, w):
         h = x.sin()

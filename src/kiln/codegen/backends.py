@@ -39,6 +39,10 @@ class Backend:
     # whether only launch-bound kernels join groups: a Triton member runs over a flat index,
     # so a kernel long enough to hide its launch would lose its own tiling and gain nothing
     group_launch_bound_only: bool = False
+    # the largest domain (points) over which kernels that share no buffer merge (None: any).
+    # On a CPU each kernel is a parallel region to enter; on a GPU a merged kernel's threads
+    # hold every member's streams at once, which pays only where the launch is the cost
+    merge_unrelated_points: int | None = None
     # matmul templates with fused epilogues (passes/matmul.py): False never, True wherever
     # they apply, None where the cost model predicts they pay (on GPUs)
     matmul_templates: bool | None = False
@@ -83,6 +87,7 @@ def _triton(options) -> Backend:
     return Backend("triton", "Triton", triton_group.render_source, build, False, launch.PERSISTENT_MAX, True,
                    unsupported, launch.BUSY_PROGRAMS, launch.COLUMN_BLOCK, split_small_addmm=True,
                    group_members=16, group_buffers=128, group_launch_bound_only=True,
+                   merge_unrelated_points=launch.SMALL_DOMAIN,
                    matmul_templates=options.matmul_templates,
                    times_matmuls=options.mode == "max-autotune", matmul_tile=matmul.tile,
                    matmul_spills=triton_build.template_spill_bytes,

@@ -25,6 +25,9 @@ SPLIT_EDGE = 32
 # Programs that keep a GPU busy (an H100/H200 has 132 multiprocessors): a reduction with
 # fewer is split across more.
 BUSY_PROGRAMS = 1024
+# a domain small enough that a kernel over it costs its launch, not its work (on an H100 or
+# H200 65536 points of 4 bytes move in well under a launch's time)
+SMALL_DOMAIN = 1 << 16
 COLUMN_BLOCK = 32  # outputs one program of a column reduction computes
 # Threads an H100/H200 keeps resident (132 multiprocessors of 2048), and the part of its 50 MB
 # L2 cache that rows read again by a later pass of their program may take (the rest holds

@@ -9,12 +9,13 @@ another merge into one (horizontal fusion). Every choice is a Decision with a re
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from kiln.ir import index as ix
 from kiln.ir.ops import LIBRARY_MATH
-from kiln.ir.sizes import hint, known_le
+from kiln.ir.sizes import hint, is_symbolic, known_le
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, dim_syms
 from kiln.passes.layout import node_label, same_strides
 
@@ -351,10 +352,23 @@ def _store_to_bound_kernels(graph: Graph, stored: dict[Node, str]) -> set[Node]:
     return chosen
 
 
+def _points(shape) -> int | float:
+    """A domain's points; a shape family's count as unbounded."""
+    n = 1
+    for d in shape:
+        if is_symbolic(d):
+            return math.inf
+        n *= int(d)
+    return n
+
+
 def schedule(
-    graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias], decisions: list[Decision]
+    graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias], decisions: list[Decision],
+    merge_unrelated_points: int | None = None,
 ) -> Schedule:
-    """Kernels for every stored node that is computed, given the stored set so far."""
+    """Kernels for every stored node that is computed, given the stored set so far. Kernels
+    over one domain merge where independent; over a domain of more than merge_unrelated_points
+    points only those that read a buffer in common (or one computes what the other reads)."""
     widely_read = _store_widely_read(graph, stored) | _store_to_bound_kernels(graph, stored)
     # Reductions that cannot run inside their consumers' kernels become stored; repeat
     # until every kernel's reductions fit its domain. Nested ones too: a reduction inside
@@ -397,8 +411,11 @@ def schedule(
                 continue
             # what the kernel stores element-wise it can also recompute for n
             recomputable = {r for r in step.roots if r.op is not Op.REDUCE}
+            related = (merge_unrelated_points is None or _points(iter_shape) <= merge_unrelated_points
+                       or bool(need & (buffers[k] | set(step.roots))))
             if (
-                need <= produced_before[k] | recomputable
+                related
+                and need <= produced_before[k] | recomputable
                 and len(buffers[k] | need) + len(step.roots) < KERNEL_BUFFER_LIMIT
             ):
                 step.roots.append(n)
