@@ -4,7 +4,7 @@ per-thread arena, error reports and input checks."""
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -51,7 +51,7 @@ def checks_message(checks: tuple[Check, ...]) -> str:
 
 
 def thread_arena(slots: tuple[Slot, ...], device: torch.device,
-                 views: list[tuple] = ()) -> Callable[[], tuple[list, list, list]]:
+                 views: Sequence[tuple] = ()) -> Callable[[], tuple[list, list, list]]:
     """Per-thread storage for the temporaries' slots, allocated on a thread's first call, the
     slots' addresses, and views of them: (slot, shape, stride) each."""
     local = threading.local()
