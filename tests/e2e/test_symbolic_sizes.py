@@ -236,10 +236,13 @@ def test_triton_launches_decide_grid_and_index_width_from_the_sizes():
     assert grid(4, 17) == (1, 1, 1) and grid(4, 1000) == (32, 1, 1)
     assert variant_key(0, False, (16, 32)) == (0, False, True) and variant_key(0, False, (16, 17))[2] is False
     assert variant_key(0, True, (16, 32)) == (0, True, False)  # the wide binary assumes nothing of its sizes
+    # a bf16 kernel's vector is 8 elements: rows of 3000 start on 16-byte boundaries
+    assert variant_key(0, False, (5000, 3000), 8)[2] and not variant_key(0, False, (5000, 3000), 16)[2]
+    assert not variant_key(0, False, (16, 32), 0)[2]  # no vector binary where divisibility changes nothing
 
 
 @pytest.mark.skipif(not TRITON, reason="Triton's launch decisions")
-def test_sizes_of_16_get_a_binary_only_where_that_can_change_it():
+def test_vector_sizes_get_a_binary_only_where_that_can_change_it():
     from kiln.frontend.backend import REPORTS
     from kiln.ir.kernel import size_params
     from kiln.runtime.triton_family import compiled_with_the_graph

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from kiln.codegen.triton_sizes import ceil_div, hinted, is_family
+from kiln.codegen.triton_sizes import ceil_div, hinted, is_family, size_vector
 from kiln.ir import index as ix
 from kiln.ir import kernel as k
 from kiln.ir.index import Expr
@@ -170,38 +170,38 @@ def long_row_tile(kernel: k.Kernel) -> LongRowTile:
                                              f"{in_flight} in flight at {warps} warps a row")
 
 
-def rows_aligned(kernel: k.Kernel, sizes_of_16: bool = False) -> bool:
+def rows_aligned(kernel: k.Kernel, vector_sizes: bool = False) -> bool:
     """Whether every row a kernel loads or stores along starts on a 16-byte boundary (given
-    an aligned tensor), so that its rows load as whole vectors; with sizes_of_16, where every
-    size of a family is a multiple of 16 (the binary for such sizes)."""
+    an aligned tensor), so that its rows load as whole vectors; with vector_sizes, where every
+    size of a family is a multiple of its vector (size_vector: the binary for such sizes)."""
     along_rows = [s for st in kernel.stages for s in st.body
                   if isinstance(s, (k.Load, k.Store)) and any(s.index.coef(r) == 1 for r in kernel.reduce)]
-    return all(_row_starts_aligned(kernel, s, sizes_of_16) for s in along_rows)
+    return all(_row_starts_aligned(kernel, s, vector_sizes) for s in along_rows)
 
 
-def assumes_aligned_tensors(kernel: k.Kernel, sizes_of_16: bool = False) -> bool:
+def assumes_aligned_tensors(kernel: k.Kernel, vector_sizes: bool = False) -> bool:
     """Whether a kernel is compiled for 16-byte aligned tensors. Not when its rows start off
     16-byte boundaries and do not split: those load element by element, an aligned tensor
     beside them would load in wider pieces, and converting between the two layouts goes
-    through shared memory. sizes_of_16: the binary of a family for sizes that are all
-    multiples of 16, whose rows of symbolic length may start on boundaries."""
-    return rows_aligned(kernel, sizes_of_16) or split_rows(kernel) is not None
+    through shared memory. vector_sizes: the binary of a family for sizes that are all
+    multiples of its vector, whose rows of symbolic length may start on boundaries."""
+    return rows_aligned(kernel, vector_sizes) or split_rows(kernel) is not None
 
 
-def _row_starts_aligned(kernel: k.Kernel, s: k.Load | k.Store, sizes_of_16: bool = False) -> bool:
+def _row_starts_aligned(kernel: k.Kernel, s: k.Load | k.Store, vector_sizes: bool = False) -> bool:
     steps = [s.index.coef(x) * s.dtype.itemsize for x in kernel.outer]
-    if sizes_of_16:
-        steps = [times_16(step) for step in steps]
+    if vector_sizes:
+        steps = [times(step, size_vector(kernel)) for step in steps]
     return all(known_divides(16, step) for step in steps)
 
 
-def times_16(size):
-    """A size with each of its symbols taken as 16 times a symbol: the size where every size
-    of the family is a multiple of 16."""
+def times(size, multiple: int):
+    """A size with each of its symbols taken as multiple times a symbol: the size where every
+    size of the family is a multiple of multiple."""
     if not is_symbolic(size):
         return size
     expr = sympy.sympify(size)
-    return sympy.expand(expr.xreplace({sym: 16 * sym for sym in expr.free_symbols}))
+    return sympy.expand(expr.xreplace({sym: multiple * sym for sym in expr.free_symbols}))
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ A kernel of a family takes its sizes as plain int arguments ks0, ks1, ... after 
 - what decides correctness at a size is made per launch: the grid, and whether index
   arithmetic runs in int64 (the WIDE constexpr, a second binary) because an index of this
   launch may reach 2^31.
-Each size argument a binary assumes a multiple of 16 is Triton's own specialization of int
-arguments, which the direct launch reproduces (runtime/triton_family.py): it is what lets
-masks and row starts over symbolic extents load whole vectors.
+A binary may assume every size argument a multiple of the kernel's vector (size_vector: the
+elements in 16 bytes of its narrowest tensor), the way Triton's JIT specializes int arguments
+that are multiples of 16; the direct launch picks it per launch (runtime/triton_family.py). It
+is what lets masks and row starts over symbolic extents load whole vectors.
 """
 
 from __future__ import annotations
@@ -74,10 +75,19 @@ def index_extremes(kernel: k.Kernel) -> list[sizes.Size] | None:
     return out
 
 
+def size_vector(kernel: k.Kernel) -> int:
+    """The multiple a family's vector binary assumes of every size: the elements in 16 bytes
+    of the kernel's narrowest tensor. At such sizes a row or a mask's end over a symbolic
+    extent falls on a 16-byte boundary of every tensor (rows of 3000 bf16 elements do: a
+    multiple of 16 would ask more than whole vectors need)."""
+    return 16 // min((p.dtype.itemsize for p in kernel.params), default=1)
+
+
 def divisibility_matters(kernel: k.Kernel) -> bool:
-    """Whether assuming every size a multiple of 16 can change a kernel's binary: where a size
-    appears in an index, a mask or a bound with a multiple that is not one of 16 already
-    (8192 * ks0 is one for every ks0). Kernels where it cannot get no such binary."""
+    """Whether assuming every size a multiple of the kernel's vector (size_vector) can change
+    its binary: where a size appears in an index, a mask or a bound with a multiple that is
+    not one of the vector already (8192 * ks0 is one for every ks0). Kernels where it cannot
+    get no such binary."""
     from kiln.codegen.triton import flat_index, indexes_flat
 
     flat = indexes_flat(kernel)
@@ -93,7 +103,8 @@ def divisibility_matters(kernel: k.Kernel) -> bool:
             if isinstance(s, k.InBounds):
                 found.append(s.size)
     found += [x.extent for x in (*kernel.outer, *kernel.reduce) if x in used or not flat]
-    return any(_has_unaligned_term(e) for e in found)
+    vector = size_vector(kernel)
+    return any(_has_unaligned_term(e, vector) for e in found)
 
 
 def _index_sizes(e) -> list[sizes.Size]:
@@ -105,13 +116,13 @@ def _index_sizes(e) -> list[sizes.Size]:
     return out
 
 
-def _has_unaligned_term(s: sizes.Size) -> bool:
-    """A term of s with a size in it whose coefficient is not a multiple of 16."""
+def _has_unaligned_term(s: sizes.Size, vector: int) -> bool:
+    """A term of s with a size in it whose coefficient is not a multiple of vector."""
     if not sizes.is_symbolic(s):
         return False
     for term in sympy.Add.make_args(sympy.expand(s)):
         coeff, _ = term.as_coeff_Mul()
-        if term.free_symbols and not (coeff.is_Integer and int(coeff) % 16 == 0):
+        if term.free_symbols and not (coeff.is_Integer and int(coeff) % vector == 0):
             return True
     return False
 
@@ -197,8 +208,10 @@ def family_choices(kernel: k.Kernel) -> str:
     parts.append("grid and int64 indexing per launch")
     if divisibility_matters(kernel):
         parts.append(
-            "binaries for sizes that are all multiples of 16 (Triton's int specialization) and for any"
+            f"binaries for sizes that are all multiples of {size_vector(kernel)} (whole 16-byte vectors) "
+            "and for any"
         )
     else:
-        parts.append("one binary for every size (no size's multiple of 16 would change it)")
+        vector = size_vector(kernel)
+        parts.append(f"one binary for every size (no size's multiple of {vector} would change it)")
     return "; ".join(parts)

@@ -168,6 +168,13 @@ def aligned_attr(target: tuple) -> list:
     return make_backend(GPUTarget(*target)).parse_attr("D")
 
 
+def multiple_attr(target: tuple, multiple: int) -> list:
+    """The attribute of an int argument that is a multiple of `multiple` (a power of two): the
+    JIT's for multiples of 16, with the divisor changed."""
+    return [[name, multiple] if name == "tt.divisibility" else [name, value]
+            for name, value in aligned_attr(target)]
+
+
 # ---- launching a CompiledKernel through Triton's own launcher (a cold start) ----------
 
 

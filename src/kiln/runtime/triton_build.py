@@ -237,11 +237,11 @@ def _family_launcher(kernel: Kernel, path: Path, jit_fn, binaries: dict) -> Call
         binary = _compile_at_register_budgets([family_compile_args(kernel, path, target, key, config)])[0]
         seconds = time.perf_counter() - start
         counters.binary_at_launch(seconds)
-        logs.recompiles.info("%s: binary %s (configuration %d, int64 indices %s, sizes of 16 %s) "
+        logs.recompiles.info("%s: binary %s (configuration %d, int64 indices %s, vector sizes %s) "
                              "compiled at its first launch, %.2f s", kernel.name, config, *key, seconds)
         return binary
 
-    # a binary for sizes of 16 may assume aligned tensors where the others do not
+    # a binary for vector sizes may assume aligned tensors where the others do not
     return FamilyLauncher(kernel, jit_fn, compile_variant, binaries, assumes_aligned_tensors(kernel, True))
 
 
@@ -384,24 +384,26 @@ def _options(compile_options: dict) -> dict:
 
 
 def compile_args(kernel: Kernel, path: Path, config: tuple, target: tuple, wide: bool = False,
-                 sizes_of_16: bool = False, any_alignment: bool = False) -> compile_pool.CompileArgs:
+                 vector_sizes: bool = False, any_alignment: bool = False) -> compile_pool.CompileArgs:
     """triton.compile's arguments for one launch configuration of a kernel, specialized as
     the JIT specializes tensors that are all 16-byte aligned (the direct launch's condition),
     unless the kernel's rows are not (see below) or any_alignment asks for a binary that
     takes tensors at any address. A family's kernel takes its sizes as int32 (int64 when
-    wide: WIDE makes its indices int64 too), each assumed a multiple of 16 with sizes_of_16,
-    as the JIT specializes such ints (runtime/triton_family.py chooses per launch)."""
+    wide: WIDE makes its indices int64 too), each assumed a multiple of the kernel's vector
+    with vector_sizes, as the JIT specializes multiples of 16 (runtime/triton_family.py chooses
+    per launch)."""
     constants = constexprs(kernel, config)
     signature = {p.name: _POINTER_TYPE[str(p.dtype).replace("torch.", "")] for p in kernel.params}
     signature.update({f"ks{i}": "i64" if wide else "i32" for i in range(len(kernel.sizes))})
     signature.update({name: "constexpr" for name in constants})
     from kiln.codegen.triton_launch import assumes_aligned_tensors
+    from kiln.codegen.triton_sizes import size_vector
 
-    aligned = assumes_aligned_tensors(kernel, sizes_of_16) and not any_alignment
+    aligned = assumes_aligned_tensors(kernel, vector_sizes) and not any_alignment
     attrs = {(i,): triton_abi.aligned_attr(target) for i in range(len(kernel.params))} if aligned else {}
-    if sizes_of_16:
-        first = len(kernel.params)
-        attrs.update({(first + i,): triton_abi.aligned_attr(target) for i in range(len(kernel.sizes))})
+    if vector_sizes:
+        first, multiple = len(kernel.params), triton_abi.multiple_attr(target, size_vector(kernel))
+        attrs.update({(first + i,): multiple for i in range(len(kernel.sizes))})
     if "ALIGNED" in constants:
         constants["ALIGNED"] = aligned
     if kernel.sizes:

@@ -2,8 +2,9 @@
 
 Per launch, from the sizes: the launch configuration (codegen/triton_sizes.launch_variants:
 the traced example's, or for long rows of symbolic length a wider block), the grid, whether
-indices need int64 (WIDE), and whether every size is a multiple of 16, as Triton's JIT
-specializes int arguments (only where that can change the binary: divisibility_matters).
+indices need int64 (WIDE), and whether every size is a multiple of the kernel's vector
+(size_vector: 16 bytes of its narrowest tensor), as Triton's JIT specializes int arguments that
+are multiples of 16 (only where that can change the binary: divisibility_matters).
 Those pick one of the kernel's binaries: the traced configuration's narrow ones are compiled
 with the graph, any other at the first launch that needs it (a wide one: tensors of 2^31
 elements and more). Every binary is right for every size it is launched at; the choice is
@@ -15,12 +16,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kiln.codegen.triton_sizes import divisibility_matters, grid_function, launch_variants, wide_function
+from kiln.codegen.triton_sizes import (
+    divisibility_matters,
+    grid_function,
+    launch_variants,
+    size_vector,
+    wide_function,
+)
 from kiln.ir.kernel import Kernel
 from kiln.runtime import triton_abi
 from kiln.runtime.triton_build import jit_kwargs
 
-# (launch configuration's index, WIDE: int64 indices, every size a multiple of 16)
+# (launch configuration's index, WIDE: int64 indices, every size a multiple of the vector)
 VariantKey = tuple[int, bool, bool]
 
 
@@ -29,10 +36,11 @@ def compiled_with_the_graph(kernel: Kernel) -> tuple[VariantKey, ...]:
     return ((0, False, True), (0, False, False)) if divisibility_matters(kernel) else ((0, False, False),)
 
 
-def variant_key(config: int, wide: bool, sizes: tuple[int, ...], divisibility: bool = True) -> VariantKey:
-    """The binary a launch at these sizes runs (a wide one assumes nothing of its sizes, nor
-    does any where the sizes' divisibility changes nothing)."""
-    return config, wide, divisibility and not wide and all(s % 16 == 0 for s in sizes)
+def variant_key(config: int, wide: bool, sizes: tuple[int, ...], vector: int = 16) -> VariantKey:
+    """The binary a launch at these sizes runs, for a kernel whose vector binary assumes sizes
+    of `vector` (0: none, where the sizes' divisibility changes nothing); a wide one assumes
+    nothing of its sizes."""
+    return config, wide, bool(vector) and not wide and all(s % vector == 0 for s in sizes)
 
 
 class FamilyLauncher:
@@ -54,7 +62,7 @@ class FamilyLauncher:
         self.jit_kwargs = [jit_kwargs(kernel, c) for c in self.configs]
         self.grids = [grid_function(kernel, c) for c in self.configs]
         self.needs_wide = wide_function(kernel)
-        self.divisibility = divisibility_matters(kernel)
+        self.vector = size_vector(kernel) if divisibility_matters(kernel) else 0
         self.jit_fn = jit_fn
         self.compile_variant = compile_variant
         self.assumes_aligned = assumes_aligned
@@ -72,7 +80,7 @@ class FamilyLauncher:
         g = self.grids[config](*sizes)
         if 0 in g:  # no programs: nothing to compute (CUDA refuses an empty grid)
             return
-        key = variant_key(config, self.needs_wide(*sizes), sizes, self.divisibility)
+        key = variant_key(config, self.needs_wide(*sizes), sizes, self.vector)
         launch = self.launches.get(key)
         if launch is None:
             launch = self.launches[key] = self._launcher(key, self.compile_variant(key, self.configs[key[0]]))
