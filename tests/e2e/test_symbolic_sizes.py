@@ -263,6 +263,35 @@ def test_vector_sizes_get_a_binary_only_where_that_can_change_it():
 
 
 @pytest.mark.skipif(not TRITON, reason="Triton's launch decisions")
+def test_a_family_row_in_one_tile_takes_the_per_shape_block_where_rows_align(monkeypatch):
+    """bf16 rows of 1024 start on 16-byte boundaries at the traced example: the one-tile body
+    covers as many rows a program as the kernel compiled for that shape."""
+    import sympy
+
+    from kiln.codegen.triton_launch import launch_config
+    from kiln.codegen.triton_sizes import launch_variants
+    from kiln.frontend.backend import REPORTS
+    from kiln.ir import sizes
+    from kiln.ir.kernel import size_params
+
+    def f(x):
+        return torch.softmax(x.float(), -1).to(x.dtype)
+
+    x = randn(64, 1024).bfloat16()
+    kernels = []
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        assert_same(kiln.compile(f, dynamic=dynamic)(x), f(x))
+        (kernel,) = [size_params(k) for k in REPORTS[-1].kernels]
+        kernels.append(kernel)
+    # past its compile a family's sizes have no traced values: 1024 stands in for both
+    monkeypatch.setattr(sizes, "hint", lambda e: int(sympy.sympify(e).subs(
+        {sym: 1024 for sym in sympy.sympify(e).free_symbols})))
+    static, one_tile = launch_config(kernels[0], False), launch_variants(kernels[1], False)[0][0][:3]
+    assert one_tile == static and static[0] > 1, (static, one_tile)
+
+
+@pytest.mark.skipif(not TRITON, reason="Triton's launch decisions")
 def test_a_family_launch_picks_its_binary_from_the_sizes(monkeypatch):
     """FamilyLauncher's dispatch, with the GPU launch replaced by a record of what would run."""
     from kiln.frontend.backend import REPORTS

@@ -13,6 +13,7 @@ import sympy
 from kiln.codegen.triton_sizes import ceil_div, hinted, is_family, size_vector
 from kiln.ir import index as ix
 from kiln.ir import kernel as k
+from kiln.ir import sizes
 from kiln.ir.index import Expr
 from kiln.ir.sizes import UNBACKED_HINT, exact_div, is_symbolic, known_divides, known_le
 
@@ -139,7 +140,7 @@ def launch_config(kernel: k.Kernel, interpreted: bool, one_tile: bool = False) -
         # smaller programs for short rows (2048 elements over 2 warps); rows off 16-byte
         # boundaries are loaded element by element, where 1024 elements per program pay
         # (docs/benchmarks.md)
-        tile = 2048 if rows_aligned(kernel) else 1024
+        tile = 2048 if rows_aligned(kernel) or traced_rows_aligned(kernel) else 1024
         return max(1, min(64, tile // rblock)), rblock, 2
     return max(1, min(64, 4096 // rblock)), rblock, 4
 
@@ -177,6 +178,14 @@ def rows_aligned(kernel: k.Kernel, vector_sizes: bool = False) -> bool:
     along_rows = [s for st in kernel.stages for s in st.body
                   if isinstance(s, (k.Load, k.Store)) and any(s.index.coef(r) == 1 for r in kernel.reduce)]
     return all(_row_starts_aligned(kernel, s, vector_sizes) for s in along_rows)
+
+
+def traced_rows_aligned(kernel: k.Kernel) -> bool:
+    """Whether a family's rows start on 16-byte boundaries at its traced example, where its
+    vector binary runs (the launch configuration is chosen for that example)."""
+    vector = size_vector(kernel)
+    return (is_family(kernel) and all(sizes.hint(s) % vector == 0 for s in kernel.sizes)
+            and rows_aligned(kernel, vector_sizes=True))
 
 
 def assumes_aligned_tensors(kernel: k.Kernel, vector_sizes: bool = False) -> bool:
