@@ -2,12 +2,14 @@
 its joint cache, KILN_JOINT_CACHE=0) beside Inductor.
 
     PYTHONPATH=src python -m benchmarks.warm_train [--small] [--runs 3] [--device cuda]
+        [--variants kiln,kiln-no-joint,inductor] [--profile 25]
 
 Each measurement is its own process. Per compiler, one process starts from empty caches (kiln,
 Inductor, Triton: fresh temporary folders) and fills them (cold); later processes find them
 (warm). A process times `import torch`, then from the compiler's import to the end of the
 first step (forward, loss, backward; synchronized): Dynamo, AOTAutograd where it runs, the
-compiler and one step. --small: a 2-layer GPT-2, for a check on the CPU."""
+compiler and one step. --small: a 2-layer GPT-2, for a check on the CPU. --profile N: one more
+warm process per compiler under cProfile, printing its N costliest functions (cumulative)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,11 @@ batch, seq = (2, 64) if small else (8, 1024)
 ids = torch.randint(0, size["vocab_size"], (batch, seq), device=device)
 sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 sync()
+profile = int(os.environ.get("WARM_PROFILE", "0"))
+if profile:
+    import cProfile
+    profiler = cProfile.Profile()
+    profiler.enable()
 t1 = time.perf_counter()
 if compiler == "inductor":
     compiled = torch.compile(model)
@@ -45,6 +52,10 @@ else:
 compiled(ids, labels=ids).loss.backward()
 sync()
 first = time.perf_counter() - t1
+if profile:
+    import pstats
+    profiler.disable()
+    pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(profile)
 stats = {}
 if compiler != "inductor":
     from kiln.runtime import training_cache
@@ -53,13 +64,17 @@ print(json.dumps({"import_torch": imported, "first_step": first, "joint": stats}
 """
 
 
-def run(compiler: str, caches: dict[str, str], args: argparse.Namespace, joint: bool = True) -> dict:
-    env = {**os.environ, **caches, "HF_HUB_OFFLINE": "1", "KILN_JOINT_CACHE": "1" if joint else "0"}
+def run(compiler: str, caches: dict[str, str], args: argparse.Namespace, joint: bool = True,
+        profile: int = 0) -> dict:
+    env = {**os.environ, **caches, "HF_HUB_OFFLINE": "1", "KILN_JOINT_CACHE": "1" if joint else "0",
+           "WARM_PROFILE": str(profile)}
     size = "small" if args.small else "full"
     proc = subprocess.run([sys.executable, "-c", CHILD, compiler, size, args.device], env=env,
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
+    if profile:
+        print(proc.stderr[proc.stderr.find("   Ordered by"):], flush=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -68,21 +83,27 @@ def main() -> None:
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--variants", default="kiln,kiln-no-joint,inductor")
+    parser.add_argument("--profile", type=int, default=0, metavar="N")
     args = parser.parse_args()
-    rows = [("kiln, joint cache", "kiln", True), ("kiln, KILN_JOINT_CACHE=0", "kiln", False),
-            ("inductor", "inductor", True)]
-    for label, compiler, joint in rows:
+    rows = {"kiln": ("kiln, joint cache", "kiln", True),
+            "kiln-no-joint": ("kiln, KILN_JOINT_CACHE=0", "kiln", False),
+            "inductor": ("inductor", "inductor", True)}
+    for label, compiler, joint in (rows[v] for v in args.variants.split(",")):
         with tempfile.TemporaryDirectory(prefix="warm-train-") as folder:
             names = (("KILN_CACHE_DIR", "kiln"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
                      ("TRITON_CACHE_DIR", "triton"))
             caches = {var: str(Path(folder) / name) for var, name in names}
             cold = run(compiler, caches, args, joint)
             warm = [run(compiler, caches, args, joint) for _ in range(args.runs)]
+            if args.profile:  # inside the folder: the caches are removed with it
+                print(f"{label}: a warm first step under cProfile", flush=True)
+                run(compiler, caches, args, joint, args.profile)
         median = statistics.median(w["first_step"] for w in warm)
         print(f"{label}: cold first step {cold['first_step']:.2f} s; warm median {median:.2f} s "
               f"(runs {', '.join(format(w['first_step'], '.2f') for w in warm)}), import torch "
               f"{statistics.median(w['import_torch'] for w in warm):.2f} s"
-              + (f", joint cache {warm[0]['joint']}" if compiler == "kiln" else ""))
+              + (f", joint cache {warm[0]['joint']}" if compiler == "kiln" else ""), flush=True)
 
 
 if __name__ == "__main__":
