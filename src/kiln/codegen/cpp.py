@@ -239,10 +239,13 @@ class _Renderer:
         self.lines: list[str] = []
         self.block_partial: dict[str, str] = {}  # a sum's accumulator -> its block partial, in a block
 
-    def emit(self, depth: int, text: str) -> None:
-        if text.startswith("#pragma omp") and self.k.checks:  # every loop may see an error
+    def emit(self, depth: int, text: str, checks: set[int] | None = None) -> None:
+        """checks: the error sites a loop's pragma reduces (default: every one, since any
+        loop may see an error); a vector loop pays for each at every line it runs."""
+        if text.startswith("#pragma omp") and self.k.checks:
+            sites = range(len(self.k.checks)) if checks is None else sorted(checks)
             text += "".join(f" reduction(|:{ERROR_PARAM}{i}_hit) reduction(max:{ERROR_PARAM}{i}_value)"
-                            for i in range(len(self.k.checks)))
+                            for i in sites)
         self.lines.append("  " * depth + text)
 
     def stmt(self, s: k.Stmt, depth: int) -> None:
@@ -296,8 +299,9 @@ class _Renderer:
         loop from vectorizing): whether any point saw one, and the largest offending value."""
         hit, value = f"{ERROR_PARAM}{s.site}_hit", f"{ERROR_PARAM}{s.site}_value"
         self.emit(depth, f"{hit} |= {s.cond};")
-        offending = f"(int64_t){s.value}"
-        self.emit(depth, f"{value} = ({s.cond} && {offending} > {value}) ? {offending} : {value};")
+        # a max of a select, which vectorizes as the reduction clause's max does
+        offending = f"({s.cond} ? (int64_t){s.value} : std::numeric_limits<int64_t>::min())"
+        self.emit(depth, f"{value} = std::max({value}, {offending});")
 
     def error_locals(self) -> None:
         for site in range(len(self.k.checks)):
@@ -593,9 +597,18 @@ class _Renderer:
             self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sc(sym.extent)}; "
                              f"++{sym.name}) {{")
             depth += 1
+        if simd_outer and par_dims:  # a line's own values once, before the loop along it
+            per_line = _line_invariant(kern, simd_outer[0]) - hoisted
+            for stage in kern.stages:
+                for s in stage.body:
+                    if id(s) in per_line:
+                        self.stmt(s, depth)
+            hoisted = hoisted | per_line
         if simd_outer:
+            inside = {s.site for st in kern.stages for s in st.body
+                      if isinstance(s, k.Flag) and id(s) not in hoisted}
             if par_dims or not parallel:
-                self.emit(depth, "#pragma omp simd")
+                self.emit(depth, "#pragma omp simd", inside)
             sym = simd_outer[0]
             self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sc(sym.extent)}; "
                              f"++{sym.name}) {{")
@@ -657,6 +670,38 @@ def _loop_invariant(kernel: k.Kernel) -> set[int]:
             computed = isinstance(s, k.Compute) and all(a in invariant for a in s.args)
             if constant_load or computed or isinstance(s, k.Const):
                 invariant.add(s.out)
+                found.add(id(s))
+    return found
+
+
+def _line_invariant(kernel: k.Kernel, along) -> set[int]:
+    """The statements (by id) of a point-wise kernel whose values do not change along the
+    loop over `along`: a gather's row index and its bounds check, a row's scale. Computed
+    once per line, they leave the loop contiguous loads it vectorizes; inside it, a loaded
+    index and its check (a max reduction) keep it scalar."""
+    written = {p.name for p in kernel.params if p.is_output}
+    invariant: set[str] = set()
+    found: set[int] = set()
+
+    loops = {sym.name for sym in kernel.outer}
+
+    def fixed(index) -> bool:  # an index's symbols are loops' or values' (a gather's)
+        return all(sym != along and (sym.name in loops or sym.name in invariant) for sym in index.symbols())
+
+    for stage in kernel.stages:
+        for s in stage.body:
+            if isinstance(s, k.Load):
+                same = s.buf not in written and fixed(s.index) and (s.mask is None or s.mask in invariant)
+            elif isinstance(s, (k.IndexValue, k.InBounds)):
+                same = fixed(s.index)
+            elif isinstance(s, k.Compute):
+                same = all(a in invariant for a in s.args)
+            elif isinstance(s, k.Flag):
+                same = s.cond in invariant and s.value in invariant
+            else:
+                same = isinstance(s, k.Const)
+            if same:
+                invariant.add(getattr(s, "out", None))
                 found.add(id(s))
     return found
 
