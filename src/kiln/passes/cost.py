@@ -164,7 +164,7 @@ def _elements(index: Expr, syms: dict[str, int], iterations: int) -> int:
     embedding's, is a symbol as wide as the table)."""
     n = 1
     for sym in index.symbols():
-        n *= syms.get(sym.name, sym.extent or 1)
+        n *= syms.get(sym.name) or _size(sym.extent or 1)
     return min(n, iterations)
 
 
@@ -197,7 +197,7 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings, in_cache: frozenset[str] | N
                     sum(c.flops for c in parts), 1, seconds, sum(c.floor_s for c in parts), bound,
                     busy)
     scratch = {s.name for s in kernel.scratch}
-    extents = {s.name: s.extent or 1 for s in (*kernel.outer, *kernel.reduce)}
+    extents = {s.name: _size(s.extent or 1) for s in (*kernel.outer, *kernel.reduce)}
     reduce_names = {s.name for s in kernel.reduce}
     first_read: dict[str, int] = {}  # buffer -> bytes of its first reading stage
     again: dict[str, int] = {}  # buffer -> bytes of the stages that read it again
@@ -205,14 +205,14 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings, in_cache: frozenset[str] | N
     written: dict[str, int] = {}
     flops = work = 0.0
     for stage in kernel.stages:
-        iterations = kernel.outer_numel * (kernel.reduce_numel if stage.loop else 1)
+        iterations = _size(kernel.outer_numel) * (_size(kernel.reduce_numel) if stage.loop else 1)
         stage_reads: dict[str, int] = {}
         for s in stage.body:
             if isinstance(s, Load) and s.buf not in scratch:
                 size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
                 stage_reads[s.buf] = max(stage_reads.get(s.buf, 0), size)
                 row = {**{n: 1 for n in extents}, **{n: extents[n] for n in reduce_names}}
-                row_bytes[s.buf] = _elements(s.index, row, kernel.reduce_numel) * _itemsize(s.dtype)
+                row_bytes[s.buf] = _elements(s.index, row, _size(kernel.reduce_numel)) * _itemsize(s.dtype)
             elif isinstance(s, Store) and s.buf not in scratch:
                 size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
                 written[s.buf] = max(written.get(s.buf, 0), size)
@@ -248,10 +248,10 @@ def touched_bytes(kernel: Kernel) -> dict[str, int]:
     if getattr(kernel, "product", "") or getattr(kernel, "members", ()):
         return {}
     scratch = {s.name for s in kernel.scratch}
-    extents = {s.name: s.extent or 1 for s in (*kernel.outer, *kernel.reduce)}
+    extents = {s.name: _size(s.extent or 1) for s in (*kernel.outer, *kernel.reduce)}
     touched: dict[str, int] = {}
     for stage in kernel.stages:
-        iterations = kernel.outer_numel * (kernel.reduce_numel if stage.loop else 1)
+        iterations = _size(kernel.outer_numel) * (_size(kernel.reduce_numel) if stage.loop else 1)
         for s in stage.body:
             if isinstance(s, (Load, Store)) and s.buf not in scratch:
                 size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
@@ -404,6 +404,16 @@ class GraphCost:
     def eager_seconds(self) -> float:
         return sum(c.seconds for c in self.eager)
 
+    @property
+    def launch_bound(self) -> bool:
+        """Whether the host's cost of launching the program's kernels and ATen calls one by one
+        exceeds their work on the device."""
+        if self.ceilings is None:
+            return False
+        launch = (sum(c.launches for c in self.kernels) * self.ceilings.kernel_launch_s
+                  + sum(c.launches for c in self.aten) * self.ceilings.launch_s)
+        return launch > sum(c.busy_s for c in self.kernels + self.aten)
+
 
 @dataclass(frozen=True)
 class BreakEven:
@@ -443,7 +453,9 @@ def break_even(compile_s: float, eager_s: float, compiled_s: float, measured: bo
 
 
 def _meta(shape, stride, dtype) -> torch.Tensor:
-    return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
+    """A shape family's sizes at their traced examples (_size)."""
+    shape, stride = tuple(map(_size, shape)), tuple(map(_size, stride))
+    return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
 
 
 def _on_meta(value: Any, buffers: dict[str, Any], constants: dict[str, Any]) -> Any:
@@ -674,6 +686,22 @@ def after_compile(report, before: tuple[Ceilings, list[Cost]] | None) -> GraphCo
         log.info("kiln: a graph of %d kernels and %d ATen calls will not pay for its compile within "
                  "%s calls: %s", len(cost.kernels), len(cost.aten), f"{BREAK_EVEN_LIMIT:,}", verdict)
     return cost
+
+
+def launch_bound(report) -> bool:
+    """Whether launching the program's kernels one by one costs the host more than their work
+    costs the device, at the traced sizes: by the graph's cost where it has one, else by a
+    nominal GPU's ceilings (a compile does not time the device)."""
+    if report.cost is not None:
+        return report.cost.launch_bound
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    try:
+        with unset_fake_temporarily():
+            return program_cost(report.host_program, report.kernels, NOMINAL_GPU).launch_bound
+    except Exception as e:  # noqa: BLE001 - an estimate: without one, nothing is padded
+        log.debug("kiln: no launch estimate for this graph: %s: %s", type(e).__name__, e)
+        return False
 
 
 # --- matmul templates (ir/matmul.py) against cuBLAS and a separate epilogue kernel ------------
