@@ -21,6 +21,7 @@ from kiln.frontend.attention_captured import rewrite_captured_attention
 from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import cpu_scalars, graph_device
 from kiln.frontend.linear_xent import rewrite_linear_cross_entropy
+from kiln.frontend.padding import padding_plan
 from kiln.frontend.partition import PartitionSummary, partition
 from kiln.frontend.random import draw_seeds_once, random_decompositions
 from kiln.ir import sizes
@@ -167,6 +168,8 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
     reason = _unsupported_reason(example_inputs, target, family=True)
     if reason is not None:
         raise FamilyFailed(reason)
+    by_bucket = options.mode == "reduce-overhead" and device.type == "cuda"
+    plan = padding_plan(gm, example_inputs) if by_bucket else None  # before the passes rewrite gm
     guards = len(env.guards)
     try:
         from kiln.passes import cost
@@ -185,7 +188,9 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
         log.info("kiln: compiling a shape family added %d guards on its sizes", added)
         if backward:
             raise FamilyFailed("compiling the backward specialized a size")
-    report.partition, report.cost = partition_summary, cost.after_compile(report, eager)
+    with sizes.family(env):  # costs at the traced sizes
+        report.partition, report.cost = partition_summary, cost.after_compile(report, eager)
+        pad = plan is not None and cost.launch_bound(report)
     report.decisions = list(captured_decisions or ()) + report.decisions
     REPORTS.append(report)
     counters.graph_compiled(len(report.kernels), report.cache_hits, bool(report.from_cache))
@@ -194,7 +199,13 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
         report.family = family_text(report.host_program)
     recompiles_log.debug("kiln: one program for the shape family %s", report.family)
     fn._boxed_call = True
-    if moved:
+    if plan is not None:
+        from kiln.runtime.buckets import BucketedGraphs, symbol_ranges
+        from kiln.runtime.cudagraphs import static_input_indices
+
+        ranges = symbol_ranges(env, plan.bound)
+        fn = report.graphs = BucketedGraphs(fn, plan, ranges, pad, static_input_indices())
+    if moved:  # before any recording: a graph must not record a copy from a host buffer
         fn = _ScalarsToDevice(fn, moved, device)
     return _FirstCallChecked(fn, gm)
 

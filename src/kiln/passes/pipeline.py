@@ -99,6 +99,7 @@ class CompileReport:
     numerics: Any = None  # tools/check.py's NumericsReport, once a checked first call ran
     buffer_layouts: dict = field(default_factory=dict)  # buffer -> (dtype, shape), for passes/peak.py
     family: str = ""  # a program of a shape family: each size symbol, where it is read, its traced value
+    graphs: Any = None  # runtime/buckets.py's BucketedGraphs: a family's CUDA graphs under reduce-overhead
     # kernel -> its launch configurations' compiled binaries (GPU kernels), or why none
     binaries: dict = field(default_factory=dict)
 

@@ -83,6 +83,8 @@ def report_text(report: CompileReport, show_kernels: bool = False, show_source: 
         lines.append(report.partition.text())
     if getattr(report, "family", ""):  # one program for every size of the graph's shape family
         lines.append(f"shape family: {report.family}")
+    if getattr(report, "graphs", None) is not None:
+        lines.append(report.graphs.text())
     lines.append(f"kernels: {report.num_kernels}")
     for k in report.kernels:
         lines.append(f"  {kernel_summary(k)}")
