@@ -6,6 +6,7 @@ included) and milliseconds per call of the second pass.
 
     PYTHONPATH=src python -m benchmarks.dynamic_shapes                 # CPU: hidden 256
     PYTHONPATH=src python -m benchmarks.dynamic_shapes --device cuda   # hidden 1024
+    ... --device cuda --mode reduce-overhead   # CUDA graphs (kiln: by bucket), both compilers
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=None)
     parser.add_argument("--lengths", type=int, default=20)
     parser.add_argument("--variants", default="kiln,kiln_per_shape,inductor,eager")
+    parser.add_argument("--mode", default=None, choices=["reduce-overhead"])
     args = parser.parse_args()
     device = torch.device(args.device)
     hidden = args.hidden or (1024 if device.type == "cuda" else 256)
@@ -61,6 +63,7 @@ def main() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor-bench-"))
     os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-bench-"))
     import kiln
+    from kiln.frontend.backend import REPORTS
 
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(hidden, hidden, generator=g) / hidden**0.5).to(device, dtype)
@@ -79,23 +82,28 @@ def main() -> None:
     def inductor_compiles() -> int:
         return dynamo_frames["unique_graphs"]
 
+    def kiln_fn():
+        return kiln.compile(case, mode=args.mode) if args.mode else torch.compile(case, backend="kiln")
+
     rows = []
     for variant in args.variants.split(","):
         if variant == "kiln":
             os.environ["KILN_SYMBOLIC"] = "1"
-            rows.append(run_variant("kiln (family)", torch.compile(case, backend="kiln"), inputs, w, device,
-                                    kiln_compiles))
+            rows.append(run_variant("kiln (family)", kiln_fn(), inputs, w, device, kiln_compiles))
+            graphs = [r.graphs for r in REPORTS if getattr(r, "graphs", None) is not None]
+            if graphs:
+                print(graphs[-1].text())
         elif variant == "kiln_per_shape":
             os.environ["KILN_SYMBOLIC"] = "0"
-            rows.append(run_variant("kiln per shape", torch.compile(case, backend="kiln"), inputs, w, device,
-                                    kiln_compiles))
+            rows.append(run_variant("kiln per shape", kiln_fn(), inputs, w, device, kiln_compiles))
             os.environ["KILN_SYMBOLIC"] = "1"
         elif variant == "inductor":
-            rows.append(run_variant("inductor", torch.compile(case), inputs, w, device, inductor_compiles))
+            rows.append(run_variant("inductor", torch.compile(case, mode=args.mode), inputs, w, device,
+                                    inductor_compiles))
         elif variant == "eager":
             rows.append(run_variant("eager", case, inputs, w, device, lambda: 0))
     print(f"gelu(x @ w) * sigmoid(x), x [8, L, {hidden}] {str(dtype).removeprefix('torch.')}, "
-          f"{args.lengths} lengths L = 128 + 37 i, on {device}")
+          f"{args.lengths} lengths L = 128 + 37 i, on {device}, mode {args.mode or 'default'}")
     print(f"{'variant':<16} {'compiles':>8} {'total s':>9} {'ms/call':>9}")
     for r in rows:
         print(f"{r['variant']:<16} {r['compiles']:>8} {r['total_s']:>9.2f} {r['ms_per_call']:>9.3f}")
