@@ -134,8 +134,8 @@ def _alloc(e: _Emitter, i: Alloc) -> None:
     if view in e.arena_views:
         e.emit(f"{i.out} = arena_view[{e.arena_views.index(view)}]")
     elif i.slot is not None:
-        e.helper("as_strided", torch.as_strided)
-        e.emit(f"{i.out} = as_strided(arena[{i.slot}], {_shape(i.shape)}, {_shape(i.stride)})")
+        e.helper("view", host_ops.view)
+        e.emit(f"{i.out} = view(arena[{i.slot}], {_shape(i.shape)}, {_shape(i.stride)}, 0)")
     else:
         e.helper("empty_strided", torch.empty_strided)
         e.emit(f"{i.out} = empty_strided({_shape(i.shape)}, {_shape(i.stride)}, dtype={i.dtype}, "
@@ -143,10 +143,8 @@ def _alloc(e: _Emitter, i: Alloc) -> None:
 
 
 def _view(e: _Emitter, i: View) -> None:
-    e.helper("as_strided", torch.as_strided)
-    # without an offset, as_strided keeps base's own
-    offset = f", {i.base}.storage_offset() + {size_str(i.offset)}" if i.offset != 0 else ""
-    e.emit(f"{i.out} = as_strided({i.base}, {_shape(i.shape)}, {_shape(i.stride)}{offset})")
+    e.helper("view", host_ops.view)  # its offset is counted from base's own
+    e.emit(f"{i.out} = view({i.base}, {_shape(i.shape)}, {_shape(i.stride)}, {size_str(i.offset)})")
 
 
 def _launch(e: _Emitter, i: Launch, launchers: Mapping[str, Callable] | None) -> None:
@@ -188,7 +186,7 @@ def _call_aten(e: _Emitter, i: CallAten) -> None:
         except (AttributeError, ImportError, RuntimeError, ValueError) as error:
             message = f"kiln: the host program calls {i.op}, which this PyTorch does not have"
             raise ValueError(message) from error
-        fn = e.bind("op_", target)
+        fn = e.bind("op_", host_ops.fast_binding(target))
     parts = [_literal(e, a) for a in i.args] + [f"{k}={_literal(e, v)}" for k, v in i.kwargs]
     e.emit(f"{i.out} = {fn}({', '.join(parts)})")
 

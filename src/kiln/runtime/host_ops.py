@@ -13,6 +13,34 @@ from kiln.ir.checks import SLOTS_PER_CHECK, Check
 from kiln.ir.host import InputSpec, Slot, extent
 
 
+def _as_strided_from(t: torch.Tensor, shape, stride, offset: int = 0) -> torch.Tensor:
+    return torch.as_strided(t, shape, stride, t.storage_offset() + offset)
+
+
+try:
+    # view(t, shape, stride, offset): an alias of t's memory at t's offset + offset, made
+    # without the dispatcher (a launch-bound program makes a view per operand of each call)
+    from torch._C._dynamo.guards import _reinterpret_tensor as view
+except ImportError:  # an older PyTorch without it
+    view = _as_strided_from
+
+
+# ATen overloads whose Python binding (torch._C._VariableFunctions) takes the same arguments
+# and dispatches to the same kernel at less host cost than the OpOverload: the calls a
+# launch-bound program makes most.
+FAST_BINDINGS = ("mm", "bmm", "addmm", "baddbmm", "convolution", "_scaled_dot_product_cudnn_attention",
+                 "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention")
+
+
+def fast_binding(op: Callable) -> Callable:
+    """The cheapest callable with op's semantics."""
+    packet = getattr(op, "overloadpacket", None)
+    name = getattr(packet, "__name__", "")
+    if getattr(op, "_overloadname", None) == "default" and name in FAST_BINDINGS:
+        return getattr(torch._C._VariableFunctions, name, op)
+    return op
+
+
 def restride(t: torch.Tensor, stride: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
     """t in new memory with these strides (and dtype: some ATen kernels return another dtype
     than their meta function says). A layout that repeats elements along stride-0 dims (a

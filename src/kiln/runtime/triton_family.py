@@ -27,6 +27,8 @@ from kiln.ir.kernel import Kernel
 from kiln.runtime import triton_abi
 from kiln.runtime.triton_build import jit_kwargs
 
+CHOICES_KEPT = 256  # launch choices a family launcher remembers by sizes
+
 # (launch configuration's index, WIDE: int64 indices, every size a multiple of the vector)
 VariantKey = tuple[int, bool, bool]
 
@@ -66,6 +68,7 @@ class FamilyLauncher:
         self.jit_fn = jit_fn
         self.compile_variant = compile_variant
         self.assumes_aligned = assumes_aligned
+        self.chosen: dict[tuple, tuple[tuple, Callable | None]] = {}
         self.launches: dict[VariantKey, Callable] = {
             key: self._launcher(key, binary) for key, binary in binaries.items()
         }
@@ -74,17 +77,31 @@ class FamilyLauncher:
         xblock, rblock, _, *one_tile = self.configs[key[0]]
         return triton_abi.own_launch(compiled, (xblock, rblock, self.assumes_aligned, *one_tile, key[1]))
 
-    def aligned(self, *args) -> None:
-        sizes = args[self.n_tensors :]
+    def _chosen(self, sizes: tuple) -> tuple[tuple, Callable | None]:
+        """The grid and launcher for these sizes (None: no programs, nothing to compute; CUDA
+        refuses an empty grid)."""
         config = self.choose(*sizes)
         g = self.grids[config](*sizes)
-        if 0 in g:  # no programs: nothing to compute (CUDA refuses an empty grid)
-            return
+        if 0 in g:
+            return g, None
         key = variant_key(config, self.needs_wide(*sizes), sizes, self.vector)
         launch = self.launches.get(key)
         if launch is None:
             launch = self.launches[key] = self._launcher(key, self.compile_variant(key, self.configs[key[0]]))
-        launch(g, args)
+        return g, launch
+
+    def aligned(self, *args) -> None:
+        # a decode loop launches at the same sizes every step: the choice is remembered per
+        # sizes, a few hundred of them at most
+        sizes = args[self.n_tensors :]
+        chosen = self.chosen.get(sizes)
+        if chosen is None:
+            if len(self.chosen) >= CHOICES_KEPT:
+                self.chosen.clear()
+            chosen = self.chosen[sizes] = self._chosen(sizes)
+        g, launch = chosen
+        if launch is not None:
+            launch(g, args)
 
     def __call__(self, *args) -> None:
         tensors = args[: self.n_tensors]
