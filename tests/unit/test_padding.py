@@ -162,3 +162,15 @@ def test_padding_a_refused_size_would_change_the_result(capture):
         program.padded.add(sequence)
         x = torch.randn(3, 5, 16)
         assert not torch.allclose(compiled(x), torch.softmax(x, dim=1))
+
+
+def test_an_op_the_analysis_misreads_refuses_every_size(capture, monkeypatch):
+    from kiln.frontend import padding
+
+    def misread(*args):
+        raise RuntimeError("misread")
+
+    monkeypatch.setitem(padding._HANDLERS, torch.ops.aten.mm.default, misread)
+    plan = _plan_of(capture, _mlp, torch.randn(3, 9, 64))
+    assert not plan.padded and plan.refused
+    assert all("misread" in why for why in plan.refused.values()), plan.text()

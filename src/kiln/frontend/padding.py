@@ -176,7 +176,7 @@ _REDUCE = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.def
            aten.prod.dim_int, aten.var.correction, aten.var_mean.correction, aten.std.correction,
            aten.argmax.default, aten.argmin.default, aten.max.dim, aten.min.dim, aten.any.dim,
            aten.all.dim, aten.logsumexp.default, aten.sum.default, aten.mean.default,
-           aten.amax.default, aten.max.default, aten.min.default, aten.any.default}
+           aten.max.default, aten.min.default, aten.any.default}
 _ALONG = {aten._softmax.default, aten._log_softmax.default, aten.cumsum.default,
           aten.cumprod.default, aten.sort.default}
 # arguments that are sizes, not values: symbols there shape the result instead of entering it
@@ -342,6 +342,7 @@ def _reduce(an: _Analysis, n: fx.Node, args: list, out: Any) -> Any:
     else:
         keep = [d for d in range(rank) if d not in along]
         kept_dims = [v.dims[d] for d in keep]
+
         def shaped(t: torch.Tensor) -> _Value:
             if t.dim() == rank:  # keepdim
                 return _Value([v.dims[d] if d in keep else () for d in range(rank)])
@@ -462,16 +463,14 @@ def padding_plan(gm: fx.GraphModule, example_inputs: list[Any]) -> PaddingPlan:
         else:
             plan.inputs.append(None)
     padded = set(bound)
-    while True:
+    while padded:  # each round refuses at least one symbol
         try:
             plan.outputs = _Analysis(gm, padded).run()
             break
         except _Mixes as e:
-            if not e.symbols & padded:  # not the analysis' to refuse: give up on all
-                e.symbols = set(padded)
-            for s in e.symbols & padded:
-                plan.refused[str(s)] = e.reason
-            padded -= e.symbols
+            refused = e.symbols & padded or set(padded)  # none of them named: give up on all
+            plan.refused.update({str(s): e.reason for s in refused})
+            padded -= refused
         except Exception as e:  # noqa: BLE001 - an op this module reads wrongly: pad nothing
             plan.refused.update({str(s): f"{type(e).__name__}: {e}" for s in padded})
             padded = set()
