@@ -1,8 +1,8 @@
 """GPT-2 (124M) first training step in a fresh process, cold and warm: kiln (with and without
-its joint cache, KILN_JOINT_CACHE=0) beside Inductor.
+its joint cache, KILN_JOINT_CACHE=0; with Dynamo's caching precompile) beside Inductor.
 
     PYTHONPATH=src python -m benchmarks.warm_train [--small] [--runs 3] [--device cuda]
-        [--variants kiln,kiln-no-joint,inductor] [--profile 25]
+        [--variants kiln,kiln-no-joint,kiln-precompile,inductor,inductor-precompile] [--profile 25]
 
 Each measurement is its own process. Per compiler, one process starts from empty caches (kiln,
 Inductor, Triton: fresh temporary folders) and fills them (cold); later processes find them
@@ -60,14 +60,15 @@ stats = {}
 if compiler != "inductor":
     from kiln.runtime import training_cache
     stats = dict(training_cache.STATS)
+elif os.environ.get("TORCH_CACHING_PRECOMPILE") == "1":
+    torch.compiler.save_cache_artifacts()  # Dynamo's precompile cache is written when asked
 print(json.dumps({"import_torch": imported, "first_step": first, "joint": stats}))
 """
 
 
-def run(compiler: str, caches: dict[str, str], args: argparse.Namespace, joint: bool = True,
+def run(compiler: str, caches: dict[str, str], args: argparse.Namespace, extra: dict[str, str],
         profile: int = 0) -> dict:
-    env = {**os.environ, **caches, "HF_HUB_OFFLINE": "1", "KILN_JOINT_CACHE": "1" if joint else "0",
-           "WARM_PROFILE": str(profile)}
+    env = {**os.environ, **caches, "HF_HUB_OFFLINE": "1", **extra, "WARM_PROFILE": str(profile)}
     size = "small" if args.small else "full"
     proc = subprocess.run([sys.executable, "-c", CHILD, compiler, size, args.device], env=env,
                           capture_output=True, text=True, timeout=1800)
@@ -86,19 +87,22 @@ def main() -> None:
     parser.add_argument("--variants", default="kiln,kiln-no-joint,inductor")
     parser.add_argument("--profile", type=int, default=0, metavar="N")
     args = parser.parse_args()
-    rows = {"kiln": ("kiln, joint cache", "kiln", True),
-            "kiln-no-joint": ("kiln, KILN_JOINT_CACHE=0", "kiln", False),
-            "inductor": ("inductor", "inductor", True)}
-    for label, compiler, joint in (rows[v] for v in args.variants.split(",")):
+    precompile = {"TORCH_CACHING_PRECOMPILE": "1"}
+    rows = {"kiln": ("kiln, joint cache", "kiln", {}),
+            "kiln-no-joint": ("kiln, KILN_JOINT_CACHE=0", "kiln", {"KILN_JOINT_CACHE": "0"}),
+            "kiln-precompile": ("kiln, TORCH_CACHING_PRECOMPILE=1", "kiln", precompile),
+            "inductor": ("inductor", "inductor", {}),
+            "inductor-precompile": ("inductor, TORCH_CACHING_PRECOMPILE=1", "inductor", precompile)}
+    for label, compiler, extra in (rows[v] for v in args.variants.split(",")):
         with tempfile.TemporaryDirectory(prefix="warm-train-") as folder:
             names = (("KILN_CACHE_DIR", "kiln"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
                      ("TRITON_CACHE_DIR", "triton"))
-            caches = {var: str(Path(folder) / name) for var, name in names}
-            cold = run(compiler, caches, args, joint)
-            warm = [run(compiler, caches, args, joint) for _ in range(args.runs)]
+            caches = {var: str(Path(folder) / name) for var, name in names}  # Dynamo's cache: Inductor's folder
+            cold = run(compiler, caches, args, extra)
+            warm = [run(compiler, caches, args, extra) for _ in range(args.runs)]
             if args.profile:  # inside the folder: the caches are removed with it
                 print(f"{label}: a warm first step under cProfile", flush=True)
-                run(compiler, caches, args, joint, args.profile)
+                run(compiler, caches, args, extra, args.profile)
         median = statistics.median(w["first_step"] for w in warm)
         print(f"{label}: cold first step {cold['first_step']:.2f} s; warm median {median:.2f} s "
               f"(runs {', '.join(format(w['first_step'], '.2f') for w in warm)}), import torch "

@@ -32,10 +32,11 @@ def compile(model_or_fn: Callable | None = None, **options: Any) -> Callable:
         raise TypeError(
             f"kiln.compile needs a torch.nn.Module or a function, got {type(model_or_fn).__name__}"
         )
-    from kiln.frontend.backend import kiln_backend
     from kiln.frontend.distributed import compile_wrapped
 
-    backend = functools.partial(kiln_backend, options=opts)
+    # the backend's module (AOTAutograd, the compiler) is imported at the first compile: a warm
+    # start from Dynamo's precompile cache may need none of it
+    backend = functools.partial(_kiln_backend, options=opts)
 
     def compile_module(module: torch.nn.Module) -> None:
         module.compile(backend=backend, fullgraph=opts.fullgraph, dynamic=opts.dynamic)

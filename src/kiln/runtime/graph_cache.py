@@ -197,7 +197,7 @@ def kiln_source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def _machine_components(target: str, device: torch.device) -> dict[str, str]:
+def machine_components(target: str, device: torch.device) -> dict[str, str]:
     """What the generated code depends on beyond the graph: the code generator's tools and
     the machine (C++ code is tuned to the thread count and built for this CPU)."""
     if target == "cpp":
@@ -227,7 +227,7 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any], options, target: st
     components = cache.key_components(**{
         "graph": cache.text_digest(text), "graph nodes": str(text.count("\n")),
         **input_components(example_inputs), **options.cache_key(), "option resolved target": target,
-        "kiln source": kiln_source_digest(), **_machine_components(target, device),
+        "kiln source": kiln_source_digest(), **machine_components(target, device),
     })
     return GraphKey(components, text)
 

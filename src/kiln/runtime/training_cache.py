@@ -309,8 +309,10 @@ class _Runner:
 # ---- lookup and store ---------------------------------------------------------------------
 
 
-def _load(e: cache.Entry, gm: fx.GraphModule, options, target: str, t0: float,
-          captured_decisions: list = ()) -> _Runner:
+def load_runner(e: cache.Entry, gm: Any, options, target: str, t0: float,
+                captured_decisions: list = ()) -> _Runner:
+    """The runner of a joint entry's programs; gm (anything with Dynamo's graph's forward)
+    runs in ATen if they fail at their first call."""
     from kiln import counters
     from kiln.codegen.backends import get_backend
     from kiln.frontend import backend as frontend
@@ -375,6 +377,7 @@ def aot_module_cached(gm: fx.GraphModule, example_inputs: list[Any], options, *,
     from torch._functorch.aot_autograd import aot_module_simplified
 
     from kiln.codegen.backends import resolve_target
+    from kiln.frontend import precompile
     from kiln.frontend.importer import graph_device
 
     def aot(fw: Callable, bw: Callable, part: Callable) -> Callable:
@@ -402,10 +405,12 @@ def aot_module_cached(gm: fx.GraphModule, example_inputs: list[Any], options, *,
             raise
         _not_cached(None, str(err))
         return through_aot()
+    if precompile.backend_id(gm) is not None:
+        precompile.record(gm, e.path.name, e.components, options, target, device)
     problem = cache.check(e)
     if problem is None:
         try:
-            runner = _load(e, gm, options, target, t0, captured_decisions)
+            runner = load_runner(e, gm, options, target, t0, captured_decisions)
             STATS["hit"] += 1
             cache.journal("hit", e)
             return runner
