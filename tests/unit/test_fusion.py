@@ -189,3 +189,35 @@ def test_a_cheap_shared_value_is_recomputed():
 
     sched, _ = plan(f, torch.randn(4, 8), torch.randn(4, 8))
     assert not [d for d in verdicts(sched, "stored") if "re-reading" in d.reason]
+
+
+def rotary(x, q, k, inv_freq):
+    """A rotary embedding: cos and sin over [positions, dim], read over [batch, heads, ...]."""
+    freqs = torch.arange(x.shape[-2], dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], -1)
+    cos, sin = emb.cos(), emb.sin()
+    return q * cos + k * sin, k * cos - q * sin
+
+
+def test_math_a_broadcast_would_recompute_is_stored_once_on_the_cpu():
+    from planning import tensor_graph
+
+    from kiln.passes.fusion import plan_stores, schedule
+    from kiln.passes.layout import Layouts
+
+    args = (torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), torch.randn(4))
+    graph = tensor_graph(rotary, *args)
+    stored, aliases, decisions = plan_stores(graph, Layouts(graph))
+    cpu = schedule(graph, dict(stored), aliases, list(decisions), store_broadcast_math=True)
+    math_stored = [d for d in verdicts(cpu, "stored") if "stored once instead" in d.reason]
+    assert sorted(d.node.split()[1] for d in math_stored) == ["pointwise.cos", "pointwise.sin"], cpu.decisions
+    assert "over 128 points would be computed at 2048 points" in math_stored[0].reason
+    gpu = schedule(graph, dict(stored), aliases, list(decisions))  # a GPU recomputes them: no launch
+    assert not [d for d in verdicts(gpu, "stored") if "cos" in d.node or "sin" in d.node]
+    assert len(kernel_plans(gpu)) < len(kernel_plans(cpu))
+
+
+def test_math_read_at_its_own_points_stays_inlined():
+    sched, _ = plan(lambda x, y: x.exp() * y + x.exp().sum(-1, keepdim=True), torch.randn(4, 8),
+                    torch.randn(4, 8))
+    assert not [d for d in verdicts(sched, "stored") if "exp" in d.node]

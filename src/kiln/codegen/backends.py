@@ -43,6 +43,10 @@ class Backend:
     # On a CPU each kernel is a parallel region to enter; on a GPU a merged kernel's threads
     # hold every member's streams at once, which pays only where the launch is the cost
     merge_unrelated_points: int | None = None
+    # whether a math-library value read over a domain many times its own is stored rather than
+    # recomputed: a CPU's scalar math calls cost far more than loads; a GPU's are nearly free,
+    # and storing would add a launch
+    store_broadcast_math: bool = False
     # matmul templates with fused epilogues (passes/matmul.py): False never, True wherever
     # they apply, None where the cost model predicts they pay (on GPUs)
     matmul_templates: bool | None = False
@@ -68,7 +72,8 @@ def _cpp(options) -> Backend:
     # on a CPU a re-read row comes from L1: keeping a plain load would only add a store
     # a reduction to a few values would run on one core: split it, a few chunks per thread
     return Backend("cpp", "C++", cpp_group.render, build, True, cpp.ROW_SCRATCH_LIMIT, False,
-                   busy_programs=4 * torch.get_num_threads(), column_block=cpp.COLUMN_BLOCK, group_members=64)
+                   busy_programs=4 * torch.get_num_threads(), column_block=cpp.COLUMN_BLOCK, group_members=64,
+                   store_broadcast_math=True)
 
 
 def _triton(options) -> Backend:

@@ -298,6 +298,34 @@ def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
     return chosen
 
 
+# A math-library call (exp, cos, erf, ...) costs far more than a load on a CPU. A value made
+# by one and read over a domain more than this many times its own (rotary embeddings' cos and
+# sin, broadcast over batch and heads) is stored once instead of recomputed at every point.
+BROADCAST_RECOMPUTE_LIMIT = 2
+
+
+def _store_broadcast_math(graph: Graph, stored: dict[Node, str]) -> set[Node]:
+    """Store such values; returns them. Last to first, as _store_widely_read."""
+    users = graph.users()
+    chosen: set[Node] = set()
+    for n in reversed(graph.nodes):
+        if n in stored or n.op is not Op.POINTWISE or n.attrs[0] not in LIBRARY_MATH:
+            continue
+        own = _hinted_points(n.shape)
+        kernels = _consuming_kernels(n, users, stored)
+        computed = sum(_hinted_points(_domain(root, stored)[0]) for root in kernels)
+        if computed > BROADCAST_RECOMPUTE_LIMIT * own:
+            stored[n] = (f"{n.attrs[0]} over {own} points would be computed at {computed} points by its "
+                         f"consumers: stored once instead")
+            chosen.add(n)
+    return chosen
+
+
+def _hinted_points(shape) -> int:
+    """A domain's points (a shape family's by its traced example)."""
+    return math.prod(hint(d) for d in shape)
+
+
 def _consuming_kernels(n: Node, users: dict[Node, list[Node]], stored) -> list[Node]:
     """The stored values whose kernels compute n inline."""
     return _stored_frontier(users[n], lambda u: users[u], stored)
@@ -364,12 +392,16 @@ def _points(shape) -> int | float:
 
 def schedule(
     graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias], decisions: list[Decision],
-    merge_unrelated_points: int | None = None,
+    merge_unrelated_points: int | None = None, store_broadcast_math: bool = False,
 ) -> Schedule:
     """Kernels for every stored node that is computed, given the stored set so far. Kernels
     over one domain merge where independent; over a domain of more than merge_unrelated_points
-    points only those that read a buffer in common (or one computes what the other reads)."""
+    points only those that read a buffer in common (or one computes what the other reads).
+    store_broadcast_math: store math-library values that consumers would recompute at many
+    times their points (see BROADCAST_RECOMPUTE_LIMIT)."""
     widely_read = _store_widely_read(graph, stored) | _store_to_bound_kernels(graph, stored)
+    if store_broadcast_math:
+        widely_read |= _store_broadcast_math(graph, stored)
     # Reductions that cannot run inside their consumers' kernels become stored; repeat
     # until every kernel's reductions fit its domain. Nested ones too: a reduction inside
     # another's input (softmax's max inside its sum) shares that row, or is stored.

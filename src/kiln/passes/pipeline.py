@@ -318,7 +318,8 @@ def _fuse_and_kernelize(
     graph, stored, aliases, decisions, layouts, backend: Backend
 ) -> tuple[Schedule, dict[int, Kernel]]:
     while True:
-        sched = schedule(graph, dict(stored), aliases, list(decisions), backend.merge_unrelated_points)
+        sched = schedule(graph, dict(stored), aliases, list(decisions), backend.merge_unrelated_points,
+                         backend.store_broadcast_math)
         names = buffer_names_for(graph, sched.stored)
         kernels: dict[int, Kernel] = {}
         try:
