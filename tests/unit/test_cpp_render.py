@@ -30,3 +30,20 @@ def test_a_gathered_row_is_indexed_once_per_line_outside_the_vector_loop():
     vector_loop = source.index("#pragma omp simd")
     assert source.index("in0[") < vector_loop and source.index("_hit |=") < vector_loop, source
     assert "_hit)" not in source[vector_loop:].splitlines()[0], source  # no check is reduced there
+
+
+def test_a_gathered_row_is_indexed_once_per_row_outside_a_reductions_loops():
+    # an embedding followed by a LayerNorm loaded and checked the row's index at every
+    # element of each of the norm's passes, which kept them scalar (BERT's embeddings: 14x)
+    import torch.nn.functional as F
+
+    _, (kernel,) = plan(lambda i, w: F.layer_norm(F.embedding(i, w), (64,)),
+                        torch.randint(0, 100, (4, 16)), torch.randn(100, 64))
+    assert kernel.reduce
+    source = cpp.render_kernel(kernel)
+    lines = source.splitlines()
+    row_loops = [n for n, line in enumerate(lines) if line.strip().startswith("#pragma omp simd")]
+    first_check = next(n for n, line in enumerate(lines) if "_hit |=" in line)
+    assert row_loops and first_check < row_loops[0], source
+    assert all("_hit)" not in lines[n] for n in row_loops), source  # no check is reduced there
+    assert sum("_hit |=" in line for line in lines) == len(kernel.checks), source

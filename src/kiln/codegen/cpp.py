@@ -238,6 +238,7 @@ class _Renderer:
         self.rounded_bf16: set[str] = set()  # values held as floats that are bf16 values already
         self.lines: list[str] = []
         self.block_partial: dict[str, str] = {}  # a sum's accumulator -> its block partial, in a block
+        self.hoisted: set[int] = set()  # statements (by id) emitted before the loops they belong to
 
     def emit(self, depth: int, text: str, checks: set[int] | None = None) -> None:
         """checks: the error sites a loop's pragma reduces (default: every one, since any
@@ -302,6 +303,11 @@ class _Renderer:
         # a max of a select, which vectorizes as the reduction clause's max does
         offending = f"({s.cond} ? (int64_t){s.value} : std::numeric_limits<int64_t>::min())"
         self.emit(depth, f"{value} = std::max({value}, {offending});")
+
+    def checks_inside(self) -> set[int]:
+        """The error sites checked inside the loops (not hoisted out of them)."""
+        return {s.site for st in self.k.stages for s in st.body
+                if isinstance(s, k.Flag) and id(s) not in self.hoisted}
 
     def error_locals(self) -> None:
         for site in range(len(self.k.checks)):
@@ -410,10 +416,11 @@ class _Renderer:
             start, stop = block, f"std::min<int64_t>({block} + {SUM_BLOCK}, {sc(last.extent)})"
         for r in expsums:
             self._expsum_block(r, stage, last.name, start, stop, inner)
-        self.emit(inner, _simd_pragma(reductions, self.block_partial))
+        self.emit(inner, _simd_pragma(reductions, self.block_partial), self.checks_inside())
         self.emit(inner, f"for (int64_t {last.name} = {start}; {last.name} < {stop}; ++{last.name}) {{")
         for s in stage.body:
-            self.stmt(s, inner + 1)
+            if id(s) not in self.hoisted:
+                self.stmt(s, inner + 1)
         self.emit(inner, "}")
         if sums:
             for r in sums:
@@ -439,7 +446,8 @@ class _Renderer:
         self.emit(depth, f"#pragma omp simd reduction(max:{bmax})")
         self.emit(depth, f"for (int64_t {i} = {start}; {i} < {stop}; ++{i}) {{")
         for s in _computing(stage.body, r.value):
-            self.stmt(s, depth + 1)
+            if id(s) not in self.hoisted:
+                self.stmt(s, depth + 1)
         self.emit(depth + 1, f"{bmax} = {r.value} > {bmax} ? {r.value} : {bmax};")
         self.emit(depth, "}")
         self.emit(depth, f"const {ct} {r.out}_next = {bmax} > {r.out}_max ? {bmax} : {r.out}_max;")
@@ -597,18 +605,19 @@ class _Renderer:
             self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sc(sym.extent)}; "
                              f"++{sym.name}) {{")
             depth += 1
-        if simd_outer and par_dims:  # a line's own values once, before the loop along it
-            per_line = _line_invariant(kern, simd_outer[0]) - hoisted
+        # a line's (or a row's) own values once, before the loop along it (or the row's stages)
+        along = {simd_outer[0]} if simd_outer and par_dims else set(kern.reduce) if kern.reduce else None
+        if along:
+            per_line = _line_invariant(kern, along) - hoisted
             for stage in kern.stages:
                 for s in stage.body:
                     if id(s) in per_line:
                         self.stmt(s, depth)
             hoisted = hoisted | per_line
+        self.hoisted = hoisted
         if simd_outer:
-            inside = {s.site for st in kern.stages for s in st.body
-                      if isinstance(s, k.Flag) and id(s) not in hoisted}
             if par_dims or not parallel:
-                self.emit(depth, "#pragma omp simd", inside)
+                self.emit(depth, "#pragma omp simd", self.checks_inside())
             sym = simd_outer[0]
             self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sc(sym.extent)}; "
                              f"++{sym.name}) {{")
@@ -674,19 +683,21 @@ def _loop_invariant(kernel: k.Kernel) -> set[int]:
     return found
 
 
-def _line_invariant(kernel: k.Kernel, along) -> set[int]:
-    """The statements (by id) of a point-wise kernel whose values do not change along the
-    loop over `along`: a gather's row index and its bounds check, a row's scale. Computed
-    once per line, they leave the loop contiguous loads it vectorizes; inside it, a loaded
-    index and its check (a max reduction) keep it scalar."""
-    written = {p.name for p in kernel.params if p.is_output}
+def _line_invariant(kernel: k.Kernel, along: set) -> set[int]:
+    """The statements (by id) whose values do not change along the loops over `along` (a
+    point-wise kernel's vector loop, or a reduction's row): a gather's row index and its
+    bounds check, a row's scale. Computed once per line, they leave the loop contiguous
+    loads it vectorizes; inside it, a loaded index and its check (a max reduction) keep it
+    scalar. A reduction's result is never among them: it is known only after its loop."""
+    written = {p.name for p in kernel.params if p.is_output} | {b.name for b in kernel.scratch}
     invariant: set[str] = set()
     found: set[int] = set()
 
     loops = {sym.name for sym in kernel.outer}
 
     def fixed(index) -> bool:  # an index's symbols are loops' or values' (a gather's)
-        return all(sym != along and (sym.name in loops or sym.name in invariant) for sym in index.symbols())
+        return all(sym not in along and (sym.name in loops or sym.name in invariant)
+                   for sym in index.symbols())
 
     for stage in kernel.stages:
         for s in stage.body:
