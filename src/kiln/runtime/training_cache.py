@@ -315,7 +315,7 @@ def load_runner(e: cache.Entry, gm: Any, options, target: str, t0: float,
     runs in ATen if they fail at their first call."""
     from kiln import counters
     from kiln.codegen.backends import get_backend
-    from kiln.frontend import backend as frontend
+    from kiln.frontend.reports import REPORTS
 
     convention = Convention(**{k: (tuple(tuple(x) if isinstance(x, list) else x for x in v)
                                    if isinstance(v, list) else v)
@@ -338,7 +338,7 @@ def load_runner(e: cache.Entry, gm: Any, options, target: str, t0: float,
         fn._boxed_call = True
         if not programs:  # the forward's report: the rewrites ran on Dynamo's graph, as on a miss
             report.decisions = list(captured_decisions) + report.decisions
-        frontend.REPORTS.append(report)
+        REPORTS.append(report)
         counters.graph_compiled(len(report.kernels), report.cache_hits, True)
         programs.append(fn)
     return _Runner(convention, programs[0], programs[1], gm)
