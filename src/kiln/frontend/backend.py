@@ -34,8 +34,6 @@ log = logging.getLogger("kiln")
 recompiles_log = logs.recompiles
 
 
-
-
 def _unsupported_reason(example_inputs: list[Any], target: str, family: bool = False) -> str | None:
     """Why kiln does not compile a graph with these inputs (None: it does). Symbolic sizes
     only reach the compiler in a shape family's compile (family=True)."""

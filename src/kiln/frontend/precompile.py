@@ -6,8 +6,8 @@ artifact its backend recorded. A later process loads them instead of tracing, an
 artifact for its compiled callable. kiln's artifact names the joint-cache entry of the graph
 (whose programs and kernels are in the whole-graph cache), the key components that entry was
 made under, the options and the target; loading it runs none of kiln's passes, no AOTAutograd
-and no code generator. An entry made by another kiln, torch, Triton or compiler, or one that
-is gone, is refused: Dynamo then warns and compiles the function again.
+and no code generator. An entry made by another kiln, Triton, compiler or machine, or one that
+is gone, is not used: kiln warns and compiles the saved graph at its first call.
 
 Only graphs the joint cache holds get an artifact (see training_cache: plain calling
 conventions, static shapes); for any other graph Dynamo saves the function's code as bypassed
