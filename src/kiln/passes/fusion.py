@@ -312,6 +312,8 @@ def _store_broadcast_math(graph: Graph, stored: dict[Node, str]) -> set[Node]:
         if n in stored or n.op is not Op.POINTWISE or n.attrs[0] not in LIBRARY_MATH:
             continue
         own = _hinted_points(n.shape)
+        if own == 1:  # a kernel computes a scalar once, before its loops (an optimizer's bias corrections)
+            continue
         kernels = _consuming_kernels(n, users, stored)
         computed = sum(_hinted_points(_domain(root, stored)[0]) for root in kernels)
         if computed > BROADCAST_RECOMPUTE_LIMIT * own:
