@@ -105,14 +105,11 @@ class _CompileAtFirstCall:
 def _stale(content: dict) -> str | None:
     """Which key component of the joint entry this process would make differently, or None:
     the entry was made by another kiln, tool version or machine."""
-    from kiln.codegen.backends import resolve_target
     from kiln.runtime import graph_cache
 
     stored = content["components"]
-    options, target, device = content["options"], content["target"], torch.device(content["device"])
-    now = {"kiln source": graph_cache.kiln_source_digest(), **options.cache_key(),
-           "option resolved target": resolve_target(options.target, device),
-           **graph_cache.machine_components(target, device)}
+    device = torch.device(content["device"])
+    now = graph_cache.process_components(content["options"], content["target"], device)
     for name, value in now.items():
         if name in stored and stored[name] != value:
             return f"{name} differs ({stored[name]} when saved, {value} now)"

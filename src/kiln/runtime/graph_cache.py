@@ -226,10 +226,16 @@ def graph_key(gm: fx.GraphModule, example_inputs: list[Any], options, target: st
     text = "\n".join(graph_lines(gm)) + "\n"
     components = cache.key_components(**{
         "graph": cache.text_digest(text), "graph nodes": str(text.count("\n")),
-        **input_components(example_inputs), **options.cache_key(), "option resolved target": target,
-        "kiln source": kiln_source_digest(), **machine_components(target, device),
+        **input_components(example_inputs), **process_components(options, target, device),
     })
     return GraphKey(components, text)
+
+
+def process_components(options, target: str, device: torch.device) -> dict[str, str]:
+    """The key components the process decides, not the graph: options, kiln's source, tools
+    and machine (a saved key is checked against them before its entry is trusted elsewhere)."""
+    return {**options.cache_key(), "option resolved target": target, "kiln source": kiln_source_digest(),
+            **machine_components(target, device)}
 
 
 # ---- entries ------------------------------------------------------------------------------

@@ -405,8 +405,7 @@ def aot_module_cached(gm: fx.GraphModule, example_inputs: list[Any], options, *,
             raise
         _not_cached(None, str(err))
         return through_aot()
-    if precompile.backend_id(gm) is not None:
-        precompile.record(gm, e.path.name, e.components, options, target, device)
+    precompile.record(gm, e.path.name, e.components, options, target, device)  # if Dynamo packages it
     problem = cache.check(e)
     if problem is None:
         try:
