@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from kiln.ir import index as ix
 from kiln.ir.ops import LIBRARY_MATH
-from kiln.ir.sizes import hint, is_symbolic, known_le
+from kiln.ir.sizes import hint, is_symbolic, known_le, numel
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, dim_syms
 from kiln.passes.layout import node_label, same_strides
 
@@ -311,21 +311,16 @@ def _store_broadcast_math(graph: Graph, stored: dict[Node, str]) -> set[Node]:
     for n in reversed(graph.nodes):
         if n in stored or n.op is not Op.POINTWISE or n.attrs[0] not in LIBRARY_MATH:
             continue
-        own = _hinted_points(n.shape)
+        own = hint(numel(n.shape))
         if own == 1:  # a kernel computes a scalar once, before its loops (an optimizer's bias corrections)
             continue
         kernels = _consuming_kernels(n, users, stored)
-        computed = sum(_hinted_points(_domain(root, stored)[0]) for root in kernels)
+        computed = sum(hint(numel(_domain(root, stored)[0])) for root in kernels)
         if computed > BROADCAST_RECOMPUTE_LIMIT * own:
             stored[n] = (f"{n.attrs[0]} over {own} points would be computed at {computed} points by its "
                          f"consumers: stored once instead")
             chosen.add(n)
     return chosen
-
-
-def _hinted_points(shape) -> int:
-    """A domain's points (a shape family's by its traced example)."""
-    return math.prod(hint(d) for d in shape)
 
 
 def _consuming_kernels(n: Node, users: dict[Node, list[Node]], stored) -> list[Node]:
