@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure the ceilings in this process (and cache them)")
     parsed = parser.parse_args(argv)
     device = torch.device("cuda" if parsed.gpu else "cpu")
-    from kiln.passes.cost import Ceilings
+    from kiln.passes.roofline import Ceilings
 
     if parsed.measure_ceilings:
         from kiln.runtime import ceilings

@@ -1,6 +1,6 @@
 """The Triton matmul template (codegen/templates/matmul.py) rendered from hand-built kernel IR:
 its source, its compile for the H200 (sm_90, on wgmma) without a GPU, and the cost model's
-choice between it and cuBLAS (passes/cost.py)."""
+choice between it and cuBLAS (passes/matmul_choice.py)."""
 
 import os
 import pickle
@@ -14,7 +14,9 @@ from kiln.codegen.templates import matmul as template
 from kiln.ir.index import Sym, as_expr
 from kiln.ir.kernel import Compute, Const, Kernel, Load, Param, Stage, Store
 from kiln.ir.matmul import MatmulKernel, Operand
-from kiln.passes import cost
+from kiln.passes import matmul_choice
+from kiln.passes.aten_cost import aten_cost
+from kiln.passes.roofline import NOMINAL_GPU
 
 
 def _epilogue(m: int, n: int, dtype: torch.dtype) -> Kernel:
@@ -176,26 +178,27 @@ def test_a_heavy_epilogue_spills_and_the_cost_model_refuses_its_template(tmp_pat
                           timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     spilled = {name: int(n) for name, n in (line.split() for line in proc.stdout.split("\n") if line)}
-    assert spilled["kiln_mm_add_gelu_0"] <= cost.TEMPLATE_SPILL_LIMIT < spilled["kiln_mm_gelu_backward_0"]
-    chosen = cost.MatmulChoice(True, "template with the epilogue fused: ...")
-    refused = cost.refuse_spilling(chosen, spilled["kiln_mm_gelu_backward_0"])
+    limit = matmul_choice.TEMPLATE_SPILL_LIMIT
+    assert spilled["kiln_mm_add_gelu_0"] <= limit < spilled["kiln_mm_gelu_backward_0"]
+    chosen = matmul_choice.MatmulChoice(True, "template with the epilogue fused: ...")
+    refused = matmul_choice.refuse_spilling(chosen, spilled["kiln_mm_gelu_backward_0"])
     assert not refused.template and refused.reason.startswith("cuBLAS: the template's epilogue spills")
-    assert cost.refuse_spilling(chosen, spilled["kiln_mm_add_gelu_0"]) is chosen
-    assert cost.refuse_spilling(chosen, None) is chosen  # nothing compiled: the interpreter
+    assert matmul_choice.refuse_spilling(chosen, spilled["kiln_mm_add_gelu_0"]) is chosen
+    assert matmul_choice.refuse_spilling(chosen, None) is chosen  # nothing compiled: the interpreter
 
 
-CEILINGS = cost.NOMINAL_GPU
+CEILINGS = NOMINAL_GPU
 
 
 def _cublas(m, n, k, dtype=torch.bfloat16):
     meta = lambda *s: torch.empty(*s, dtype=dtype, device="meta")  # noqa: E731
-    return cost.aten_cost(torch.ops.aten.mm.default, [meta(m, k), meta(k, n)], meta(m, n), CEILINGS)
+    return aten_cost(torch.ops.aten.mm.default, [meta(m, k), meta(k, n)], meta(m, n), CEILINGS)
 
 
 def test_the_epilogue_of_a_short_matmul_pays_for_the_template():
     """gelu(x @ w + b) of a GPT-2 MLP: the product's round trip is a third of cuBLAS's time."""
     kern = bias_gelu(8192, 3072, 768)
-    choice = cost.choose_matmul(
+    choice = matmul_choice.choose_matmul(
         kern, _epilogue(8192, 3072, torch.bfloat16), _cublas(8192, 3072, 768), CEILINGS, False
     )
     assert choice.template and choice.reason.startswith("template with the epilogue fused")
@@ -205,29 +208,29 @@ def test_the_epilogue_of_a_short_matmul_pays_for_the_template():
 def test_idle_sms_in_the_last_wave_count_against_the_template():
     kern = bias_gelu(8192, 768, 3072)
     epilogue, mm = _epilogue(8192, 768, torch.bfloat16), _cublas(8192, 768, 3072)
-    busy = cost.choose_matmul(kern, epilogue, mm, CEILINGS, False, 0.97)
-    idle = cost.choose_matmul(kern, epilogue, mm, CEILINGS, False, 0.73)
+    busy = matmul_choice.choose_matmul(kern, epilogue, mm, CEILINGS, False, 0.97)
+    idle = matmul_choice.choose_matmul(kern, epilogue, mm, CEILINGS, False, 0.73)
     assert idle.template_s > busy.template_s * 1.3 and "73% of the SMs busy" in idle.reason
     assert not idle.template
 
 
 def test_cublas_where_the_template_would_not_pay_or_tile():
     deep = bias_gelu(8192, 4096, 16384)  # the product's traffic is small beside the matmul
-    choice = cost.choose_matmul(
+    choice = matmul_choice.choose_matmul(
         deep, _epilogue(8192, 4096, torch.bfloat16), _cublas(8192, 4096, 16384), CEILINGS, False
     )
     assert not choice.template and choice.reason.startswith("cuBLAS: template")
     odd = bias_gelu(8000, 3072, 768)
-    choice = cost.choose_matmul(
+    choice = matmul_choice.choose_matmul(
         odd, _epilogue(8000, 3072, torch.bfloat16), _cublas(8000, 3072, 768), CEILINGS, False
     )
     assert not choice.template and "does not tile" in choice.reason
     f32 = bias_gelu(8192, 3072, 768, torch.float32)
-    choice = cost.choose_matmul(
+    choice = matmul_choice.choose_matmul(
         f32, _epilogue(8192, 3072, torch.float32), _cublas(8192, 3072, 768, torch.float32), CEILINGS, False
     )
     assert not choice.template and "float32" in choice.reason
-    assert not cost.choose_matmul(
+    assert not matmul_choice.choose_matmul(
         kern := bias_gelu(8192, 3072, 768), None, _cublas(8192, 3072, 768), CEILINGS, False
     ).template
-    assert cost.choose_matmul(kern, None, _cublas(8192, 3072, 768), CEILINGS, True).template
+    assert matmul_choice.choose_matmul(kern, None, _cublas(8192, 3072, 768), CEILINGS, True).template

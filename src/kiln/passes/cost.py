@@ -1,11 +1,7 @@
 """What a compiled graph costs: bytes, FLOPs, launches and a predicted time for each kernel
-and ATen call, against eager's op-by-op execution of the same graph, from the device's
-ceilings (measured once per device by runtime/ceilings.py, or given).
-
-Every prediction is launch + max(bytes / copy rate, work / compute rate): a kernel is bound
-by its memory traffic or by its arithmetic, whichever takes longer, plus the fixed cost of
-starting it. On a CPU, bytes the last-level cache still holds move at the cache's copy rate,
-the rest at memory's. Pure functions of their inputs: nothing here runs a kernel.
+and ATen call, against eager's op-by-op execution of the same graph (passes/aten_cost.py),
+from the device's ceilings (passes/roofline.py; measured once per device by
+runtime/ceilings.py, or given). Pure functions of their inputs: nothing here runs a kernel.
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,137 +17,29 @@ import torch
 from kiln.ir.index import Expr
 from kiln.ir.kernel import Compute, Kernel, Load, Reduce, Store
 from kiln.ir.sizes import hint
+from kiln.passes.aten_cost import (
+    aten_cost,
+    eager_costs,
+    launches_nothing,
+    resolved_op,
+    tensor_bytes,
+    tensors_in,
+)
+from kiln.passes.roofline import (
+    NOMINAL_GPU,
+    Ceilings,
+    Cost,
+    first_touch,
+    function_cost,
+    is_launch_bound,
+    numel_hint,
+    predict,
+    with_launch,
+)
 
 log = logging.getLogger("kiln")
 
 BREAK_EVEN_LIMIT = 10_000  # calls: a graph that pays back later than this is logged
-
-
-@dataclass(frozen=True)
-class Ceilings:
-    """What a device does at best: each measured by runtime/ceilings.py, or given (tests)."""
-
-    device: str  # what the rates were measured on ("cpu: <model>", "cuda: NVIDIA H200")
-    copy_bytes_per_s: float  # bytes read + written a second by a large device copy
-    ops_per_s: float  # simple element-wise operations a second (one op on one element)
-    matmul_flop_per_s: float
-    launch_s: float  # the fixed cost of one ATen call (eager's ops, kiln's ATen calls)
-    kernel_launch_s: float  # the fixed cost of one of kiln's kernels
-    row_cache_bytes: int  # where a kernel's re-read rows stay between its loop stages (0: nowhere)
-    # writing memory the allocator has just mapped (a CPU's page faults): seconds a byte, for
-    # buffers of at least fresh_alloc_bytes (smaller ones reuse freed memory); 0 on GPUs
-    first_touch_s_per_byte: float = 0.0
-    fresh_alloc_bytes: int = 0
-    # a kernel's fixed time on the device when the host launches it while earlier work runs
-    # (a GPU's stream): the host's launch cost then overlaps the device's work instead of adding
-    # to it. 0: the host runs each kernel itself (a CPU), so launch and work add up
-    queued_kernel_s: float = 0.0
-    # bytes read + written a second by a copy whose working set (cache_bytes or less) the last
-    # level cache holds (a CPU's); 0: every byte moves at copy_bytes_per_s (GPUs)
-    cache_copy_bytes_per_s: float = 0.0
-    cache_bytes: int = 0
-    fn_cost: dict = field(default_factory=dict, compare=False)  # measured FN_COST (function -> ops)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @staticmethod
-    def from_dict(data: dict) -> Ceilings:
-        return Ceilings(**{f: data[f] for f in Ceilings.__dataclass_fields__})  # KeyError if one is missing
-
-    @staticmethod
-    def for_device(device: torch.device | str) -> Ceilings:
-        """This device's ceilings: from the cache file, else measured once and cached."""
-        from kiln.runtime.ceilings import ceilings_for
-
-        return ceilings_for(torch.device(device))
-
-
-# The cost of one element-wise function in simple operations (an add, a compare), by device
-# type, where the ceilings did not measure it (runtime/ceilings.py measures the common ones
-# through kiln's own C++ kernels, glibc's vector math: 15-50 chained adds; a function it did
-# not measure then costs as the measured exp, or div, of its row); on GPUs a math function is
-# a few instructions. The CPU's row is in units of a whole add kernel (an eager add's rate),
-# for ceilings whose probes did not build.
-_MATH_FNS = ("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan atan2 sinh cosh tanh "
-             "asinh acosh atanh erf erfc erfinv lgamma digamma pow sigmoid gelu").split()
-_SLOW_FNS = "div sqrt rsqrt reciprocal fmod remainder floor_divide".split()
-FN_COST = {
-    "cpu": {**{f: 6.0 for f in _MATH_FNS}, **{f: 2.0 for f in _SLOW_FNS}},
-    "cuda": {**{f: 4.0 for f in _MATH_FNS}, **{f: 2.0 for f in _SLOW_FNS}},
-}
-
-
-def _device_type(ceilings: Ceilings) -> str:
-    return ceilings.device.split(":")[0]
-
-
-def _fn_cost(fn: str, ceilings: Ceilings) -> float:
-    """Measured where the ceilings measured it (runtime/ceilings.py), else as the measured
-    function of its kind (exp for math functions, div for the slow ones), else the table's.
-    A reduction step is keyed "reduce.<kind>"."""
-    if fn in ceilings.fn_cost:
-        return ceilings.fn_cost[fn]
-    like = "exp" if fn in _MATH_FNS else "div" if fn in _SLOW_FNS else None
-    if like in ceilings.fn_cost:
-        return ceilings.fn_cost[like]
-    return FN_COST.get(_device_type(ceilings), {}).get(fn, 1.0)
-
-
-@dataclass(frozen=True)
-class Cost:
-    """One kernel or ATen call: `must_move` is every buffer it reads read once and every
-    buffer it writes written once; `moves` adds what it reads again."""
-
-    name: str
-    must_move: int  # bytes
-    moves: int  # bytes
-    flops: float
-    launches: int
-    seconds: float  # predicted
-    floor_s: float  # the roofline: the bytes that must move or the arithmetic, whichever is longer
-    bound: str  # "memory", "compute", "matmul" or "launch": what the prediction is made of
-    busy_s: float = 0.0  # the device's work alone: no launch, no fixed cost
-
-
-def _predict(name: str, must_move: int, moves: int, flops: float, work: float, launch_s: float,
-             ceilings: Ceilings, rate: float, compute_bound: str, cached: int | None = None) -> Cost:
-    """cached: the bytes of `moves` the last-level cache holds (None: all of them where the
-    working set, must_move, fits it; none otherwise)."""
-    if cached is None:
-        cached = moves if fits_cache(must_move, ceilings) else 0
-    memory_s = _memory_s(moves, cached, ceilings)
-    compute_s = work / rate
-    busy = max(memory_s, compute_s)
-    seconds = _with_launch(launch_s, busy, ceilings)
-    bound = "launch" if _launch_bound(launch_s, busy, ceilings) else (
-        "memory" if memory_s >= compute_s else compute_bound)
-    floor_s = max(_memory_s(must_move, min(cached, must_move), ceilings), compute_s)
-    return Cost(name, must_move, moves, flops, 1, seconds, floor_s, bound, busy)
-
-
-def fits_cache(nbytes: int, ceilings: Ceilings) -> bool:
-    """Whether a working set of nbytes stays in the last-level cache (a CPU's)."""
-    return bool(ceilings.cache_copy_bytes_per_s) and nbytes <= ceilings.cache_bytes
-
-
-def _memory_s(moves: int, cached: int, ceilings: Ceilings) -> float:
-    """The time of moving `moves` bytes, `cached` of them to and from the last-level cache."""
-    if not ceilings.cache_copy_bytes_per_s:
-        return moves / ceilings.copy_bytes_per_s
-    return cached / ceilings.cache_copy_bytes_per_s + (moves - cached) / ceilings.copy_bytes_per_s
-
-
-def _with_launch(launch_s: float, busy: float, ceilings: Ceilings) -> float:
-    """A launch's time: the host's launch cost and the device's work add up where the host runs
-    the kernel; where launches are queued, the longer of the host's launch and the device's."""
-    if ceilings.queued_kernel_s:
-        return max(launch_s, ceilings.queued_kernel_s + busy)
-    return launch_s + busy
-
-
-def _launch_bound(launch_s: float, busy: float, ceilings: Ceilings) -> bool:
-    return launch_s > busy + ceilings.queued_kernel_s
 
 
 # --- kernels -------------------------------------------------------------------------------
@@ -164,7 +52,7 @@ def _elements(index: Expr, syms: dict[str, int], iterations: int) -> int:
     embedding's, is a symbol as wide as the table)."""
     n = 1
     for sym in index.symbols():
-        n *= syms.get(sym.name) or _size(sym.extent or 1)
+        n *= syms.get(sym.name) or hint(sym.extent or 1)
     return min(n, iterations)
 
 
@@ -191,13 +79,13 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings, in_cache: frozenset[str] | N
     if members:  # a group (ir/group.py): its members' work, one launch
         parts = [kernel_cost(m, ceilings, in_cache) for m in members]
         busy = sum(c.busy_s for c in parts)
-        seconds = _with_launch(ceilings.kernel_launch_s, busy, ceilings)
-        bound = "launch" if _launch_bound(ceilings.kernel_launch_s, busy, ceilings) else parts[0].bound
+        seconds = with_launch(ceilings.kernel_launch_s, busy, ceilings)
+        bound = "launch" if is_launch_bound(ceilings.kernel_launch_s, busy, ceilings) else parts[0].bound
         return Cost(kernel.name, sum(c.must_move for c in parts), sum(c.moves for c in parts),
                     sum(c.flops for c in parts), 1, seconds, sum(c.floor_s for c in parts), bound,
                     busy)
     scratch = {s.name for s in kernel.scratch}
-    extents = {s.name: _size(s.extent or 1) for s in (*kernel.outer, *kernel.reduce)}
+    extents = {s.name: hint(s.extent or 1) for s in (*kernel.outer, *kernel.reduce)}
     reduce_names = {s.name for s in kernel.reduce}
     first_read: dict[str, int] = {}  # buffer -> bytes of its first reading stage
     again: dict[str, int] = {}  # buffer -> bytes of the stages that read it again
@@ -205,27 +93,28 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings, in_cache: frozenset[str] | N
     written: dict[str, int] = {}
     flops = work = 0.0
     for stage in kernel.stages:
-        iterations = _size(kernel.outer_numel) * (_size(kernel.reduce_numel) if stage.loop else 1)
+        iterations = hint(kernel.outer_numel) * (hint(kernel.reduce_numel) if stage.loop else 1)
         stage_reads: dict[str, int] = {}
         for s in stage.body:
             if isinstance(s, Load) and s.buf not in scratch:
                 size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
                 stage_reads[s.buf] = max(stage_reads.get(s.buf, 0), size)
                 row = {**{n: 1 for n in extents}, **{n: extents[n] for n in reduce_names}}
-                row_bytes[s.buf] = _elements(s.index, row, _size(kernel.reduce_numel)) * _itemsize(s.dtype)
+                row_bytes[s.buf] = _elements(s.index, row, hint(kernel.reduce_numel)) * _itemsize(s.dtype)
             elif isinstance(s, Store) and s.buf not in scratch:
                 size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
                 written[s.buf] = max(written.get(s.buf, 0), size)
             elif isinstance(s, Compute):
                 flops += iterations
-                work += iterations * _fn_cost(s.fn, ceilings)
+                work += iterations * function_cost(s.fn, ceilings)
             elif isinstance(s, Reduce):
                 flops += iterations
                 if s.kind == "expsum":  # an exp and a subtraction per element besides the sum
                     flops += 2 * iterations
-                    work += iterations * (_fn_cost("reduce.sum", ceilings) + 1 + _fn_cost("exp", ceilings))
+                    step = function_cost("reduce.sum", ceilings) + 1 + function_cost("exp", ceilings)
+                    work += iterations * step
                 else:
-                    work += iterations * _fn_cost(f"reduce.{s.kind}", ceilings)
+                    work += iterations * function_cost(f"reduce.{s.kind}", ceilings)
         for buf, size in stage_reads.items():
             if buf in first_read:
                 again[buf] = again.get(buf, 0) + size
@@ -238,7 +127,7 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings, in_cache: frozenset[str] | N
     if in_cache is not None:
         cached = sum(first_read.get(b, 0) + written.get(b, 0) + (0 if rows_fit else again.get(b, 0))
                      for b in in_cache)
-    return _predict(kernel.name, must_move, moves, flops, work, ceilings.kernel_launch_s, ceilings,
+    return predict(kernel.name, must_move, moves, flops, work, ceilings.kernel_launch_s, ceilings,
                     ceilings.ops_per_s, "compute", cached)
 
 
@@ -248,10 +137,10 @@ def touched_bytes(kernel: Kernel) -> dict[str, int]:
     if getattr(kernel, "product", "") or getattr(kernel, "members", ()):
         return {}
     scratch = {s.name for s in kernel.scratch}
-    extents = {s.name: _size(s.extent or 1) for s in (*kernel.outer, *kernel.reduce)}
+    extents = {s.name: hint(s.extent or 1) for s in (*kernel.outer, *kernel.reduce)}
     touched: dict[str, int] = {}
     for stage in kernel.stages:
-        iterations = _size(kernel.outer_numel) * (_size(kernel.reduce_numel) if stage.loop else 1)
+        iterations = hint(kernel.outer_numel) * (hint(kernel.reduce_numel) if stage.loop else 1)
         for s in stage.body:
             if isinstance(s, (Load, Store)) and s.buf not in scratch:
                 size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
@@ -259,109 +148,39 @@ def touched_bytes(kernel: Kernel) -> dict[str, int]:
     return touched
 
 
-# --- ATen calls (kiln's extern calls and eager's ops) -----------------------------------------
+# --- matmul templates (ir/matmul.py) ------------------------------------------------------
+
+# The share of cuBLAS's rate the Triton template reaches on shapes that tile evenly (16-bit
+# operands on Hopper), as timed on the H200 (docs/benchmarks.md): a template is chosen only
+# where fusing saves more than that.
+TEMPLATE_MATMUL_EFFICIENCY = 0.7
 
 
-def _size(s) -> int:
-    """A size as a number: a shape family's by its traced example, which (unlike int() of
-    a torch.SymInt) adds no guard: an estimate must never specialize a graph."""
-    return hint(s)
+def _without_product(kernel) -> Kernel:
+    """A matmul kernel's epilogue as a plain point-wise kernel, less its loads of the product."""
+    stages = tuple(dataclasses.replace(st, body=tuple(s for s in st.body if not (
+        isinstance(s, Load) and s.buf == kernel.product))) for st in kernel.stages)
+    return Kernel(kernel.name, kernel.outer, (), kernel.params, stages)
 
 
-def _numel(shape) -> int:
-    return math.prod(_size(s) for s in shape)
+def matmul_template_cost(kernel, ceilings: Ceilings, wave_share: float = 1.0) -> Cost:
+    """One launch of a matmul template: the product at TEMPLATE_MATMUL_EFFICIENCY of the
+    matmul rate, times the share of SMs its waves of tiles keep busy (from the backend, 1
+    where not given), reading each operand once and what the epilogue reads, writing its
+    stores."""
+    epilogue = kernel_cost(_without_product(kernel), ceilings)
+    operands = (kernel.m + kernel.n) * kernel.k * kernel.operand_dtype.itemsize
+    must_move = epilogue.must_move + operands
+    flops = 2.0 * kernel.m * kernel.n * kernel.k
+    rate = ceilings.matmul_flop_per_s * TEMPLATE_MATMUL_EFFICIENCY * wave_share
+    memory_s = must_move / ceilings.copy_bytes_per_s
+    busy = max(memory_s, flops / rate, epilogue.busy_s)
+    bound = "memory" if memory_s >= flops / rate else "matmul"
+    floor_s = max(memory_s, flops / ceilings.matmul_flop_per_s)
+    seconds = with_launch(ceilings.kernel_launch_s, busy, ceilings)
+    return Cost(kernel.name, must_move, must_move, flops + epilogue.flops, 1, seconds, floor_s, bound, busy)
 
 
-def _matmul_flops(args: list, out) -> float:
-    """2MNK for a (batched) matmul: the output's elements times twice the shared dimension."""
-    first = next(a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2)
-    return 2.0 * _numel(out.shape) * _size(first.shape[-1])
-
-
-def _addmm_flops(args: list, out) -> float:
-    return 2.0 * _numel(out.shape) * _size(args[1].shape[-1])
-
-
-def _attention_flops(args: list, out) -> float:
-    """QK^T and PV: 4 * batch * heads * Lq * Lk * head dim."""
-    q, k = args[0], args[1]
-    return 4.0 * _numel(q.shape[:-2]) * _size(q.shape[-2]) * _size(k.shape[-2]) * _size(q.shape[-1])
-
-
-# op name (an overload packet's) -> FLOPs from the call's tensors (meta or real) and result
-MATMUL_FLOPS = {
-    "mm": _matmul_flops, "bmm": _matmul_flops, "matmul": _matmul_flops, "addmm": _addmm_flops,
-    "baddbmm": _addmm_flops, "_scaled_dot_product_flash_attention": _attention_flops,
-    "_scaled_dot_product_flash_attention_for_cpu": _attention_flops,
-    "_scaled_dot_product_efficient_attention": _attention_flops,
-    "_scaled_dot_product_cudnn_attention": _attention_flops,
-    "scaled_dot_product_attention": _attention_flops,
-}
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
-def _tensor_bytes(t: torch.Tensor) -> int:
-    return _numel(t.shape) * t.element_size()
-
-
-def op_name(op: Any) -> str:
-    """The overload packet's name of an ATen op or qualified name ("aten::mm.default" -> "mm")."""
-    text = op if isinstance(op, str) else getattr(op, "__name__", str(op))
-    return text.split("::")[-1].split(".")[0]
-
-
-def aten_cost(op: Any, args: list, out: Any, ceilings: Ceilings) -> Cost:
-    """One ATen call as eager runs it: it reads its tensor arguments, writes its result."""
-    name = op_name(op)
-    reads = sum(_tensor_bytes(t) for t in _tensors(args))
-    writes = sum(_tensor_bytes(t) for t in _tensors(out))
-    matmul = MATMUL_FLOPS.get(name)
-    outputs = _tensors(out)
-    if matmul is not None and outputs:
-        try:
-            flops = matmul(args, outputs[0])
-        except (IndexError, AttributeError, StopIteration, TypeError):
-            flops = 0.0
-        return _predict(name, reads + writes, reads + writes, flops, flops, ceilings.launch_s, ceilings,
-                        ceilings.matmul_flop_per_s, "matmul")
-    elements = sum(_numel(t.shape) for t in outputs)
-    work = elements * _fn_cost(name, ceilings)
-    c = _predict(name, reads + writes, reads + writes, float(elements), work, ceilings.launch_s, ceilings,
-                 ceilings.ops_per_s, "compute")
-    threshold = ceilings.fresh_alloc_bytes or math.inf
-    return _first_touch(c, sum(n for n in map(_tensor_bytes, outputs) if n >= threshold), ceilings)
-
-
-def launches_nothing(op: Any) -> bool:
-    """Whether eager runs op without a kernel: a view or alias of its input (per its schema)."""
-    schema = getattr(op, "_schema", None)
-    if schema is None:
-        return False
-    returns = schema.returns
-    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
-
-
-def eager_costs(gm: torch.fx.GraphModule, ceilings: Ceilings) -> list[Cost]:
-    """Eager's op-by-op run of an ATen graph: one launch per op that computes (views are free),
-    each reading its inputs and writing its result, from the shapes traced into the graph."""
-    costs = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-            continue
-        if launches_nothing(node.target):
-            continue
-        args = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in node.args]
-        args = [[x.meta.get("val") if isinstance(x, torch.fx.Node) else x for x in a]
-                if isinstance(a, (list, tuple)) else a for a in args]
-        costs.append(aten_cost(node.target, args, node.meta.get("val"), ceilings))
-    return costs
 
 
 # --- a graph ---------------------------------------------------------------------------------
@@ -453,8 +272,8 @@ def break_even(compile_s: float, eager_s: float, compiled_s: float, measured: bo
 
 
 def _meta(shape, stride, dtype) -> torch.Tensor:
-    """A shape family's sizes at their traced examples (_size)."""
-    shape, stride = tuple(map(_size, shape)), tuple(map(_size, stride))
+    """A shape family's sizes at their traced examples (sizes.hint)."""
+    shape, stride = tuple(map(hint, shape)), tuple(map(hint, stride))
     return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
 
 
@@ -527,7 +346,7 @@ def program_cost(program, kernels: list[Kernel], ceilings: Ceilings,
                 cost.kernels.append(Cost(kernel.name, 0, 0, 0.0, 1, 0.0, 0.0, "launch"))  # below
         elif isinstance(ins, Alloc):
             buffers[ins.out] = _meta(ins.shape, ins.stride, ins.dtype)
-            nbytes = _numel(ins.shape) * ins.dtype.itemsize
+            nbytes = numel_hint(ins.shape) * ins.dtype.itemsize
             memory.alloc(ins.out, ins.slot, nbytes >= (ceilings.fresh_alloc_bytes or math.inf))
             if ins.slot is None and ceilings.fresh_alloc_bytes and nbytes >= ceilings.fresh_alloc_bytes:
                 fresh[ins.out] = nbytes
@@ -553,18 +372,18 @@ def program_cost(program, kernels: list[Kernel], ceilings: Ceilings,
             buffers[ins.out] = out
             refs = _refs((ins.args, ins.kwargs))
             memory.step([(r, _nbytes(buffers.get(r))) for r in refs] + [(ins.out, _nbytes(out))])
-            if out is not None and not launches_nothing(_resolved(ins.op)):
+            if out is not None and not launches_nothing(resolved_op(ins.op)):
                 args = _on_meta(ins.args, buffers, program.constants)
                 cost.aten.append(aten_cost(ins.op, list(args), out, ceilings))
     held = memory.held_at_launches(ceilings.cache_bytes) if ceilings.cache_copy_bytes_per_s else {}
     for n, (index, kernel, params, fresh_bytes) in enumerate(launches):
         in_cache = frozenset(p for p, a in params.items() if memory.memory(a) in held[n]) if held else None
-        cost.kernels[index] = _first_touch(kernel_cost(kernel, ceilings, in_cache), fresh_bytes, ceilings)
+        cost.kernels[index] = first_touch(kernel_cost(kernel, ceilings, in_cache), fresh_bytes, ceilings)
     return cost
 
 
 def _nbytes(value: Any) -> int:
-    return sum(_tensor_bytes(t) for t in _tensors(value))
+    return sum(tensor_bytes(t) for t in tensors_in(value))
 
 
 def _refs(value: Any) -> list[str]:
@@ -631,22 +450,6 @@ class _Memory:
         return math.inf
 
 
-def _first_touch(c: Cost, fresh_bytes: int, ceilings: Ceilings) -> Cost:
-    """A kernel's cost when it is the first to write fresh_bytes of newly mapped memory."""
-    if not fresh_bytes:
-        return c
-    return dataclasses.replace(c, seconds=c.seconds + fresh_bytes * ceilings.first_touch_s_per_byte)
-
-
-def _resolved(op: Any) -> Any:
-    from kiln.ir.host import resolve_op
-
-    try:
-        return resolve_op(op) if isinstance(op, str) else op
-    except Exception:  # noqa: BLE001 - unknown here: treated as computing
-        return None
-
-
 # --- after each compile -----------------------------------------------------------------------
 
 
@@ -702,100 +505,3 @@ def launch_bound(report) -> bool:
     except Exception as e:  # noqa: BLE001 - an estimate: without one, nothing is padded
         log.debug("kiln: no launch estimate for this graph: %s: %s", type(e).__name__, e)
         return False
-
-
-# --- matmul templates (ir/matmul.py) against cuBLAS and a separate epilogue kernel ------------
-
-# The share of cuBLAS's rate the Triton template reaches on shapes that tile evenly (16-bit
-# operands on Hopper), as timed on the H200 (docs/benchmarks.md): a template is chosen only
-# where fusing saves more than that.
-TEMPLATE_MATMUL_EFFICIENCY = 0.7
-TEMPLATE_TILE = (128, 128, 64)  # M, N, K: the tiles of the template's configurations divide these
-# A GPU's ceilings where none were measured (compiles do not time the device): an H200's.
-NOMINAL_GPU = Ceilings("cuda: nominal (H200)", 4.25e12, 4.0e13, 7.0e14, 5e-6, 3e-6, 58 << 10,
-                       queued_kernel_s=1e-6)
-
-
-def _without_product(kernel) -> Kernel:
-    """A matmul kernel's epilogue as a plain point-wise kernel, less its loads of the product."""
-    stages = tuple(dataclasses.replace(st, body=tuple(s for s in st.body if not (
-        isinstance(s, Load) and s.buf == kernel.product))) for st in kernel.stages)
-    return Kernel(kernel.name, kernel.outer, (), kernel.params, stages)
-
-
-def matmul_template_cost(kernel, ceilings: Ceilings, wave_share: float = 1.0) -> Cost:
-    """One launch of a matmul template: the product at TEMPLATE_MATMUL_EFFICIENCY of the
-    matmul rate, times the share of SMs its waves of tiles keep busy (from the backend, 1
-    where not given), reading each operand once and what the epilogue reads, writing its
-    stores."""
-    epilogue = kernel_cost(_without_product(kernel), ceilings)
-    operands = (kernel.m + kernel.n) * kernel.k * kernel.operand_dtype.itemsize
-    must_move = epilogue.must_move + operands
-    flops = 2.0 * kernel.m * kernel.n * kernel.k
-    rate = ceilings.matmul_flop_per_s * TEMPLATE_MATMUL_EFFICIENCY * wave_share
-    memory_s = must_move / ceilings.copy_bytes_per_s
-    busy = max(memory_s, flops / rate, epilogue.busy_s)
-    bound = "memory" if memory_s >= flops / rate else "matmul"
-    floor_s = max(memory_s, flops / ceilings.matmul_flop_per_s)
-    seconds = _with_launch(ceilings.kernel_launch_s, busy, ceilings)
-    return Cost(kernel.name, must_move, must_move, flops + epilogue.flops, 1, seconds, floor_s, bound, busy)
-
-
-@dataclass(frozen=True)
-class MatmulChoice:
-    """Template or cuBLAS for one matmul, with the predicted times behind it (seconds)."""
-
-    template: bool
-    reason: str
-    template_s: float = 0.0
-    cublas_s: float = 0.0  # the ATen matmul and the separate epilogue kernel
-
-
-def choose_matmul(template, epilogue: Kernel | None, cublas: Cost, ceilings: Ceilings,
-                  forced: bool, wave_share: float = 1.0) -> MatmulChoice:
-    """template: the MatmulKernel that fusing would make; epilogue: the kernel it replaces
-    (None: nothing reads the product but as a buffer); cublas: the ATen call's cost;
-    wave_share: the share of SMs the template's waves of tiles keep busy (the backend's).
-    The template pays where the epilogue's traffic (the product written, read back, and the
-    second launch) outweighs what the template gives up to cuBLAS, on shapes it tiles evenly."""
-    if forced:
-        return MatmulChoice(True, "matmul templates forced on (option matmul_templates=True)")
-    m, n, k = template.m, template.n, template.k
-    tm, tn, tk = TEMPLATE_TILE
-    if m % tm or n % tn or k % tk:
-        return MatmulChoice(False, f"cuBLAS: {m} x {n} x {k} does not tile by {tm} x {tn} x {tk}, "
-                                   "where the template would mask its edge tiles")
-    if template.operand_dtype.itemsize > 2:
-        return MatmulChoice(False, f"cuBLAS: {dtype_text(template.operand_dtype)} operands (eager's "
-                                   "float32 matmul is IEEE float32, which tensor cores do not run)")
-    if epilogue is None:
-        return MatmulChoice(False, "cuBLAS: no element-wise epilogue reads the product")
-    fused = matmul_template_cost(template, ceilings, wave_share).seconds
-    separate = cublas.seconds + kernel_cost(epilogue, ceilings).seconds
-    times = f"template {fused * 1e6:.1f} us, cuBLAS + epilogue kernel {separate * 1e6:.1f} us predicted"
-    if wave_share < 0.9:
-        times += f" (the template's tiles keep {wave_share:.0%} of the SMs busy)"
-    if fused < separate:
-        return MatmulChoice(True, f"template with the epilogue fused: {times}", fused, separate)
-    return MatmulChoice(False, f"cuBLAS: {times}", fused, separate)
-
-
-# Stack bytes a thread of a template may spill at its tile: a little spilling costs little, a
-# heavy epilogue's spilling costs several times the template's predicted time
-# (docs/matmul_templates.md).
-TEMPLATE_SPILL_LIMIT = 256
-
-
-def refuse_spilling(choice: MatmulChoice, spilled: int | None) -> MatmulChoice:
-    """The template loses where its compiled epilogue spills registers past the limit: the
-    cost model's rates assume a template that keeps its tile in registers."""
-    if not choice.template or spilled is None or spilled <= TEMPLATE_SPILL_LIMIT:
-        return choice
-    return dataclasses.replace(
-        choice, template=False,
-        reason=f"cuBLAS: the template's epilogue spills {spilled} bytes a thread at its tile "
-               f"(over {TEMPLATE_SPILL_LIMIT}); predicted {choice.reason}")
-
-
-def dtype_text(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")

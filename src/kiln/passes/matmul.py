@@ -1,7 +1,7 @@
 """Matmul templates: an ATen matmul whose product only an element-wise kernel reads becomes
 one Triton kernel (ir/matmul.py) that computes the product tile by tile and applies that
 kernel's work (bias, activation, residual add, casts, scaling) before storing anything,
-where passes/cost.py predicts it beats cuBLAS plus the separate kernel. The product then
+where passes/matmul_choice.py predicts it beats cuBLAS plus the separate kernel. The product then
 never goes through memory.
 
 A product qualifies when it is mm or addmm (alpha = beta = 1) of 2-D operands of one
@@ -25,9 +25,11 @@ from kiln.ir.matmul import MatmulKernel, Operand, is_matmul
 from kiln.ir.sizes import is_symbolic
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.options import env_debug
-from kiln.passes import cost
+from kiln.passes.aten_cost import aten_cost
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
 from kiln.passes.layout import node_label
+from kiln.passes.matmul_choice import choose_matmul, refuse_spilling
+from kiln.passes.roofline import Cost
 
 aten = torch.ops.aten
 MATMULS = (aten.mm.default, aten.addmm.default)
@@ -234,12 +236,12 @@ def _template(
     )
 
 
-def _cublas_cost(mm: _Matmul, ceilings) -> cost.Cost:
+def _cublas_cost(mm: _Matmul, ceilings) -> Cost:
     def meta(n: Node):
         return torch.empty(tuple(n.shape), dtype=n.dtype, device="meta")
 
     args = [meta(t) for t in ((mm.bias, mm.a, mm.b) if mm.bias is not None else (mm.a, mm.b))]
-    return cost.aten_cost(mm.node.attrs[0], args, meta(mm.node), ceilings)
+    return aten_cost(mm.node.attrs[0], args, meta(mm.node), ceilings)
 
 
 def use_templates(
@@ -302,9 +304,9 @@ def _decide(
         return Decision(label, "cuBLAS", f"no template: {why}")
     # against cuBLAS, which writes the product itself, and the epilogue's kernel as it is
     share = tile(template)[2] if tile is not None else 1.0
-    choice = cost.choose_matmul(template, separate, _cublas_cost(mm, ceilings), ceilings, forced, share)
+    choice = choose_matmul(template, separate, _cublas_cost(mm, ceilings), ceilings, forced, share)
     if choice.template and not forced and not timed and spills is not None:
-        choice = cost.refuse_spilling(choice, spills(template))
+        choice = refuse_spilling(choice, spills(template))
     # 16-bit operands only: eager's float32 matmul is IEEE float32, where cuBLAS wins
     if timed and not forced and epilogue is not None and mm.a.dtype.itemsize == 2:
         template = dataclasses.replace(template, cublas_candidate=True)

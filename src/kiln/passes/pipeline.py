@@ -252,7 +252,7 @@ def _compile_graph(
 def _gpu_ceilings(example_inputs):
     """The device's measured ceilings when known (a compile does not time the device), else
     the nominal GPU's."""
-    from kiln.passes.cost import NOMINAL_GPU
+    from kiln.passes.roofline import NOMINAL_GPU
     from kiln.runtime.ceilings import known_ceilings
 
     device = graph_device(example_inputs)

@@ -1,4 +1,4 @@
-"""The device's ceilings for the cost model (passes/cost.py): measured once per device and
+"""The device's ceilings for the cost model (passes/roofline.py): measured once per device and
 torch version, kept in one small JSON file in kiln's cache directory. A file that cannot be
 read or parsed is measured again and rewritten."""
 
@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from kiln.passes.cost import Ceilings
+from kiln.passes.roofline import Ceilings
 
 log = logging.getLogger("kiln")
 

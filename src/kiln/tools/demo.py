@@ -60,7 +60,8 @@ def _median_ms(fn, x, repeat: int = 20) -> float:
 def main() -> int:
     import kiln
     from kiln.frontend.backend import REPORTS
-    from kiln.passes.cost import Ceilings, break_even
+    from kiln.passes.cost import break_even
+    from kiln.passes.roofline import Ceilings
     from kiln.tools.explain import explained_graph
 
     Ceilings.for_device(torch.device("cpu"))  # once per machine, kept out of the timed compile

@@ -16,9 +16,10 @@ import torch
 from kiln.frontend.origin import Origin
 from kiln.ir.host import HostProgram
 from kiln.ir.kernel import Kernel, kernel_str
-from kiln.passes.cost import BreakEven, Ceilings, Cost, GraphCost, break_even
+from kiln.passes.cost import BreakEven, GraphCost, break_even
 from kiln.passes.fusion import Decision
 from kiln.passes.pipeline import CompileReport, PassRecord
+from kiln.passes.roofline import Ceilings, Cost
 from kiln.passes.source_map import SourceEntry, short_op
 
 
