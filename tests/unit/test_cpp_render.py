@@ -47,3 +47,17 @@ def test_a_gathered_row_is_indexed_once_per_row_outside_a_reductions_loops():
     assert row_loops and first_check < row_loops[0], source
     assert all("_hit)" not in lines[n] for n in row_loops), source  # no check is reduced there
     assert sum("_hit |=" in line for line in lines) == len(kernel.checks), source
+
+
+def test_a_norms_per_row_scale_is_computed_between_its_loops():
+    # 1 / sqrt(var + eps) needs the second pass's sum and nothing along the row: computed once
+    # per row, it leaves the last pass its element-wise work whatever the C++ compiler hoists
+    import torch.nn.functional as F
+
+    x, r = torch.randn(4, 16, 64), torch.randn(4, 16, 64)
+    _, (kernel,) = plan(lambda x, r: F.layer_norm(x + r, (64,)), x, r)
+    source = cpp.render_kernel(kernel)
+    lines = source.splitlines()
+    row_loops = [n for n, line in enumerate(lines) if line.strip().startswith("for (int64_t r0")]
+    root = next(n for n, line in enumerate(lines) if "std::sqrt(" in line)
+    assert len(row_loops) == 3 and row_loops[1] < root < row_loops[2], source

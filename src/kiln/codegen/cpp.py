@@ -239,6 +239,7 @@ class _Renderer:
         self.lines: list[str] = []
         self.block_partial: dict[str, str] = {}  # a sum's accumulator -> its block partial, in a block
         self.hoisted: set[int] = set()  # statements (by id) emitted before the loops they belong to
+        self.per_row: dict[int, list[k.Stmt]] = {}  # a loop stage (by id) -> its row-invariant statements
 
     def emit(self, depth: int, text: str, checks: set[int] | None = None) -> None:
         """checks: the error sites a loop's pragma reduces (default: every one, since any
@@ -392,6 +393,8 @@ class _Renderer:
 
     def loop_stage(self, stage: k.Stage, depth: int) -> None:
         reductions = [s for s in stage.body if isinstance(s, k.Reduce)]
+        for s in self.per_row.get(id(stage), ()):
+            self.stmt(s, depth)
         for r in reductions:
             self.reduce_init(r, depth)
         syms = self.k.reduce
@@ -614,7 +617,8 @@ class _Renderer:
                     if id(s) in per_line:
                         self.stmt(s, depth)
             hoisted = hoisted | per_line
-        self.hoisted = hoisted
+        self.per_row = _row_invariant(kern, _outs(kern, hoisted)) if kern.reduce else {}
+        self.hoisted = hoisted | {id(s) for stmts in self.per_row.values() for s in stmts}
         if simd_outer:
             if par_dims or not parallel:
                 self.emit(depth, "#pragma omp simd", self.checks_inside())
@@ -715,6 +719,29 @@ def _line_invariant(kernel: k.Kernel, along: set) -> set[int]:
                 invariant.add(getattr(s, "out", None))
                 found.add(id(s))
     return found
+
+
+def _outs(kernel: k.Kernel, ids: set[int]) -> set[str]:
+    return {s.out for stage in kernel.stages for s in stage.body if id(s) in ids and getattr(s, "out", None)}
+
+
+def _row_invariant(kernel: k.Kernel, known: set[str]) -> dict[int, list[k.Stmt]]:
+    """Per loop stage (by id) of a reduction kernel: the arithmetic that does not change along
+    the row but needs an earlier stage's reduction (a norm's mean, its 1 / sqrt(var + eps)).
+    Computed once per row between the loops, it leaves the loop its element-wise work alone;
+    inside it, a square root and a division at every element. known: values computed before
+    the row's loops (_line_invariant's)."""
+    invariant, reduced = set(known), set()
+    per_stage: dict[int, list[k.Stmt]] = {}
+    for stage in kernel.stages:
+        if stage.loop:
+            for s in stage.body:
+                if (isinstance(s, k.Compute) and s.out not in invariant
+                        and all(a in invariant or a in reduced for a in s.args)):
+                    invariant.add(s.out)
+                    per_stage.setdefault(id(stage), []).append(s)
+        reduced |= {s.out for s in stage.body if isinstance(s, k.Reduce)}
+    return per_stage
 
 
 def render_kernel(kernel: k.Kernel) -> str:
