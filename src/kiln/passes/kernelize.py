@@ -19,6 +19,7 @@ from kiln.ir.kernel import compute_dtype
 from kiln.ir.sizes import known_le
 from kiln.ir.tensor import Node, Op, dim_syms, value_sym
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, reductions_below
+from kiln.passes.kernel_cse import merge_common_values
 from kiln.passes.layout import (
     access_orders,
     given_reason,
@@ -372,12 +373,13 @@ class KernelEmitter:
         if final.body:
             stages += (k.Stage(True, tuple(final.body)),)
         stages, scratch = _drop_unread_scratch(stages, tuple(self.scratch.values()))
+        stages, checks = merge_common_values(stages, tuple(self.checks))
         stages, params, args = _positional_params(stages, self.params)
-        if self.checks:
+        if checks:
             params += (k.Param(ERROR_PARAM, torch.int64, True),)
             args += (ERROR_PARAM,)
         outer, reduce = _loop_orders(self.outer, self.reduce, stages, scratch)
-        return k.Kernel(self.name, outer, reduce, params, stages, scratch, args, tuple(self.checks))
+        return k.Kernel(self.name, outer, reduce, params, stages, scratch, args, checks)
 
 
 def _buffer_accesses(stages: tuple[k.Stage, ...],
