@@ -25,3 +25,21 @@ def test_column_reduction_of_a_3d_tensor_and_a_bias_gradient():
 
     x, g = torch.randn(3, 70, 130), torch.randn(3, 70, 130)
     check(f, x, g, expect_native=True)
+
+
+def test_a_norms_weight_gradient_is_a_column_reduction():
+    # its per-row mean and rstd are contiguous along the rows, but the same for a block of
+    # columns: the kernel is still walked a block of columns at a time
+    from conftest import TOLERANCE, assert_same, run_compiled
+
+    from kiln.ir import kernel as k
+
+    def f(x, g, mean, rstd):
+        return ((x - mean) * rstd * g).sum((0, 1)), g.sum((0, 1))
+
+    x, g = torch.randn(3, 70, 130), torch.randn(3, 70, 130)
+    mean, rstd = torch.randn(3, 70, 1), torch.rand(3, 70, 1) + 0.5
+    actual, report = run_compiled(f, x, g, mean, rstd)
+    assert report is not None and report.kernels
+    assert all(k.column_reduction(kernel) for kernel in report.kernels), report.kernels
+    assert_same(actual, f(x, g, mean, rstd), TOLERANCE[torch.float32])

@@ -271,3 +271,24 @@ def test_measured_ceilings_are_sane_even_inside_a_compile():
     assert 1e8 < c.matmul_flop_per_s < 1e15 and 0 < c.launch_s < 1e-2 and c.row_cache_bytes >= 0, c
     assert 0 < c.kernel_launch_s < 1e-2, c
     assert c.cache_bytes == 0 or c.cache_copy_bytes_per_s > 0, c
+
+
+def _gather_kernel(row_index: bool) -> Kernel:
+    """out0[x0, x1] = in0[in1[x0, x1]] (a gather at every element), or, row_index, the
+    embedding's in0[in1[x0] * 64 + x1] (one index a row, the row read contiguously)."""
+    x0, x1 = sym("x0", 256), sym("x1", 64)
+    at = x0 if row_index else x0 * 64 + x1
+    i = Sym("i", 64 if row_index else 64 * 256)
+    table = sym(i.name, i.extent) * 64 + x1 if row_index else sym(i.name, i.extent)
+    body = (Load("i", "in1", at, torch.int64), Load("v", "in0", table, F32),
+            Store("out0", x0 * 64 + x1, "v", F32))
+    return Kernel("kernel0", (Sym("x0", 256), Sym("x1", 64)), (),
+                  (Param("in0", F32, False), Param("in1", torch.int64, False), Param("out0", F32, True)),
+                  (Stage(False, body),))
+
+
+def test_a_gather_at_every_element_costs_its_measured_work_and_a_row_gather_does_not():
+    measured = Ceilings(**{**CEILINGS.to_dict(), "fn_cost": {"gather": 50.0}})
+    gather, rows = kernel_cost(_gather_kernel(False), measured), kernel_cost(_gather_kernel(True), measured)
+    assert gather.bound == "compute" and gather.seconds == pytest.approx(2e-6 + 50 * 256 * 64 / 1e9)
+    assert rows.bound == "memory" and rows.seconds < gather.seconds / 10

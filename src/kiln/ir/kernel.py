@@ -195,7 +195,8 @@ def column_reduction(kernel: Kernel) -> bool:
         return False
     x, r = kernel.outer[-1], kernel.reduce[-1]
     loads = [s.index for st in kernel.stages for s in st.body if isinstance(s, Load)]
-    along_rows = any(i.coef(r) == 1 for i in loads)
+    # a value per row (a norm's mean in its backward) is the same for the whole block
+    along_rows = any(i.coef(r) == 1 and i.coef(x) != 0 for i in loads)
     # a shape family's stride (a size parameter) counts as more than 1
     across_rows = any(i.coef(x) == 1 and (is_symbolic(i.coef(r)) or i.coef(r) > 1) for i in loads)
     return across_rows and not along_rows

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from kiln.ir.index import Expr
-from kiln.ir.kernel import Compute, Kernel, Load, Reduce, Store
+from kiln.ir.kernel import Compute, IndexValue, Kernel, Load, Reduce, Store, column_reduction
 from kiln.ir.sizes import hint
 from kiln.passes.aten_cost import (
     aten_cost,
@@ -60,6 +60,36 @@ def _itemsize(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
+def _gathers(kernel: Kernel) -> set[int]:
+    """The loads (by id) whose address changes along the kernel's innermost loop through a
+    value read from memory (an index gathered at every element): each is a gather. An
+    embedding's row index, fixed along its row, is not (its row is read contiguously), nor
+    is an address computed from the loop indices alone."""
+    if not kernel.outer and not kernel.reduce:
+        return set()
+    along = (kernel.reduce[-1] if kernel.reduce and not column_reduction(kernel) else kernel.outer[-1]).name
+    varies: set[str] = set()  # values that change along the innermost loop
+    loaded: set[str] = set()  # values computed from a value read from memory
+    found: set[int] = set()
+    for stage in kernel.stages:
+        for s in stage.body:
+            out = getattr(s, "out", None)
+            if isinstance(s, (Load, IndexValue)):
+                names = {sym.name for sym in s.index.symbols()}
+                if along in names or names & varies:
+                    varies.add(out)
+                if isinstance(s, Load) or names & loaded:
+                    loaded.add(out)
+                if isinstance(s, Load) and names & varies & loaded:
+                    found.add(id(s))
+            elif isinstance(s, Compute):
+                if varies.intersection(s.args):
+                    varies.add(out)
+                if loaded.intersection(s.args):
+                    loaded.add(out)
+    return found
+
+
 def kernel_cost(kernel: Kernel, ceilings: Ceilings, in_cache: frozenset[str] | None = None) -> Cost:
     """Bytes, FLOPs and predicted time of one launch of kernel.
 
@@ -72,7 +102,8 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings, in_cache: frozenset[str] | N
     buffer the kernel re-reads fits in ceilings.row_cache_bytes, where the backend keeps rows
     between stages (a CPU thread's row stays in its core's L2; a GPU program's row stays in its
     share of the L2, or in registers).
-    FLOPs: one per element-wise op or reduction step per iteration of its stage."""
+    FLOPs: one per element-wise op or reduction step per iteration of its stage; a gather
+    (_gathers) adds the work of function_cost("gather"), besides its bytes."""
     if getattr(kernel, "product", ""):  # a matmul template (ir/matmul.py)
         return matmul_template_cost(kernel, ceilings)
     members = getattr(kernel, "members", ())
@@ -92,6 +123,7 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings, in_cache: frozenset[str] | N
     row_bytes: dict[str, int] = {}  # buffer -> bytes of one row (re-read buffers)
     written: dict[str, int] = {}
     flops = work = 0.0
+    gathers = _gathers(kernel)
     for stage in kernel.stages:
         iterations = hint(kernel.outer_numel) * (hint(kernel.reduce_numel) if stage.loop else 1)
         stage_reads: dict[str, int] = {}
@@ -99,6 +131,8 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings, in_cache: frozenset[str] | N
             if isinstance(s, Load) and s.buf not in scratch:
                 size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
                 stage_reads[s.buf] = max(stage_reads.get(s.buf, 0), size)
+                if id(s) in gathers:
+                    work += iterations * function_cost("gather", ceilings)
                 row = {**{n: 1 for n in extents}, **{n: extents[n] for n in reduce_names}}
                 row_bytes[s.buf] = _elements(s.index, row, hint(kernel.reduce_numel)) * _itemsize(s.dtype)
             elif isinstance(s, Store) and s.buf not in scratch:

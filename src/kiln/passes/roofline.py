@@ -67,8 +67,8 @@ _MATH_FNS = ("exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan ata
              "asinh acosh atanh erf erfc erfinv lgamma digamma pow sigmoid gelu").split()
 _SLOW_FNS = "div sqrt rsqrt reciprocal fmod remainder floor_divide".split()
 FN_COST = {
-    "cpu": {**{f: 6.0 for f in _MATH_FNS}, **{f: 2.0 for f in _SLOW_FNS}},
-    "cuda": {**{f: 4.0 for f in _MATH_FNS}, **{f: 2.0 for f in _SLOW_FNS}},
+    "cpu": {**{f: 6.0 for f in _MATH_FNS}, **{f: 2.0 for f in _SLOW_FNS}, "gather": 4.0},
+    "cuda": {**{f: 4.0 for f in _MATH_FNS}, **{f: 2.0 for f in _SLOW_FNS}, "gather": 1.0},
 }
 
 

@@ -19,7 +19,7 @@ from kiln.passes.roofline import Ceilings
 
 log = logging.getLogger("kiln")
 
-FILE_NAME = "ceilings.json"
+FILE_NAME = "ceilings-2.json"  # numbered anew when the probes change what they measure
 _in_process: dict[str, Ceilings] = {}
 
 
@@ -276,36 +276,56 @@ def _probe_reduction(kind: str):
                   (Param("in0", f32, False), Param("out0", f32, True)), stages)
 
 
+def _probe_gather():
+    """Kernel IR of out0[x0] = in0[in1[x0]]: a table in the caches read at an index loaded
+    at every element (in1 holds a permutation), as a gather through a loaded index runs."""
+    from kiln.ir.index import Sym, as_expr, sym
+    from kiln.ir.kernel import Kernel, Load, Param, Stage, Store
+
+    f32, x0 = torch.float32, sym("x0", _PROBE_ELEMENTS)
+    body = (Load("i", "in1", x0, torch.int64), Load("a", "in0", as_expr(Sym("i", _PROBE_ELEMENTS)), f32),
+            Store("out0", x0, "a", f32))
+    return Kernel("kiln_probe_gather", (Sym("x0", _PROBE_ELEMENTS),), (),
+                  (Param("in0", f32, False), Param("in1", torch.int64, False), Param("out0", f32, True)),
+                  (Stage(False, body),))
+
+
 def _cpp_fn_costs() -> tuple[float, dict[str, float]]:
     """The seconds of one simple op (an add) on one element in kiln's C++ kernels, on all
     threads, and each MEASURED_FNS function's time in simple ops; (0, {}) where the probes do
     not build. An op's time is arithmetic's alone: a chain of _CHAIN adds per element less a
     single add, on data in the caches (the loads and stores are the memory term's); a
-    function's is its kernel's time less the single add's, and a reduction step's (keyed
-    "reduce.<kind>") its row reduction's time an element less the single add's."""
+    function's is its kernel's time less the single add's, a reduction step's (keyed
+    "reduce.<kind>") its row reduction's time an element less the single add's, and a
+    gather's (keyed "gather") the gather probe's time an element less the single add's."""
     from kiln.codegen import cpp
     from kiln.runtime import cpp_build
 
     try:
         kernels = [_probe_kernel("add"), _probe_kernel("add", _CHAIN), *map(_probe_kernel, MEASURED_FNS),
                    *map(_probe_reduction, REDUCTIONS)]
-        built = cpp_build.build_all([(cpp.render_kernel(k), k.name, 2) for k in kernels])
+        gather = _probe_gather()
+        *built, built_gather = cpp_build.build_all([(cpp.render_kernel(k), k.name, 2) for k in kernels]
+                                                   + [(cpp.render_kernel(gather), gather.name, 3)])
     except Exception as e:  # noqa: BLE001 - a ceiling, not part of any program
         log.info("kiln: the math probes did not build (%s); using the cost table", e)
         return 0.0, {}
     src = torch.rand(_PROBE_ELEMENTS) + 0.5
     out = torch.empty_like(src)
     args = (src.data_ptr(), out.data_ptr())
+    permutation = torch.randperm(_PROBE_ELEMENTS)
+    gather_args = (src.data_ptr(), permutation.data_ptr(), out.data_ptr())
     cpu, threads = torch.device("cpu"), torch.get_num_threads()
     # on one thread: a parallel region waits for its slowest thread, which on a busy machine
     # may wait out another process's time slice; the rate then scales with the threads
     torch.set_num_threads(1)
     try:
         add, chain, *fns = [_best_seconds(lambda b=b: b.fn(*args), cpu, repeat=5, inner=20) for b in built]
+        fns.append(_best_seconds(lambda: built_gather.fn(*gather_args), cpu, repeat=5, inner=20))
     finally:
         torch.set_num_threads(threads)
     op = max(chain - add, add / 10) / (_CHAIN - 1)
-    names = (*MEASURED_FNS, *(f"reduce.{kind}" for kind in REDUCTIONS))
+    names = (*MEASURED_FNS, *(f"reduce.{kind}" for kind in REDUCTIONS), "gather")
     return op / threads / _PROBE_ELEMENTS, {
         fn: round(max(1.0 + (s - add) / op, 1.0), 2) for fn, s in zip(names, fns)}
 
