@@ -264,7 +264,7 @@ def _library_sources(n: Node, through_extremes: bool) -> set[Node]:
 RECOMPUTE_READ_LIMIT = 3
 
 
-def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
+def _store_widely_read(graph: Graph, users: dict[Node, list[Node]], stored: dict[Node, str]) -> set[Node]:
     """Store such values where that moves fewer bytes; returns them. Recomputing costs each
     consuming kernel the reads it would not do anyway (a LayerNorm gradient's kernel reads
     the same tensors its inlined values read: for it recomputing is free); storing costs a
@@ -280,7 +280,6 @@ def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
             if n.inputs
             else frozenset()
         )
-    users = graph.users()
     chosen: set[Node] = set()
     for n in reversed(graph.nodes):
         if n in stored or n.op not in (Op.POINTWISE, Op.GATHER) or len(reads[n]) < RECOMPUTE_READ_LIMIT:
@@ -304,9 +303,8 @@ def _store_widely_read(graph: Graph, stored: dict[Node, str]) -> set[Node]:
 BROADCAST_RECOMPUTE_LIMIT = 2
 
 
-def _store_broadcast_math(graph: Graph, stored: dict[Node, str]) -> set[Node]:
+def _store_broadcast_math(graph: Graph, users: dict[Node, list[Node]], stored: dict[Node, str]) -> set[Node]:
     """Store such values; returns them. Last to first, as _store_widely_read."""
-    users = graph.users()
     chosen: set[Node] = set()
     for n in reversed(graph.nodes):
         if n in stored or n.op is not Op.POINTWISE or n.attrs[0] not in LIBRARY_MATH:
@@ -396,9 +394,10 @@ def schedule(
     points only those that read a buffer in common (or one computes what the other reads).
     store_broadcast_math: store math-library values that consumers would recompute at many
     times their points (see BROADCAST_RECOMPUTE_LIMIT)."""
-    widely_read = _store_widely_read(graph, stored) | _store_to_bound_kernels(graph, stored)
+    users = graph.users()
+    widely_read = _store_widely_read(graph, users, stored) | _store_to_bound_kernels(graph, stored)
     if store_broadcast_math:
-        widely_read |= _store_broadcast_math(graph, stored)
+        widely_read |= _store_broadcast_math(graph, users, stored)
     # Reductions that cannot run inside their consumers' kernels become stored; repeat
     # until every kernel's reductions fit its domain. Nested ones too: a reduction inside
     # another's input (softmax's max inside its sum) shares that row, or is stored.
