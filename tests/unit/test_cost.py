@@ -292,3 +292,13 @@ def test_a_gather_at_every_element_costs_its_measured_work_and_a_row_gather_does
     gather, rows = kernel_cost(_gather_kernel(False), measured), kernel_cost(_gather_kernel(True), measured)
     assert gather.bound == "compute" and gather.seconds == pytest.approx(2e-6 + 50 * 256 * 64 / 1e9)
     assert rows.bound == "memory" and rows.seconds < gather.seconds / 10
+
+
+def test_a_concatenation_reads_each_part_once():
+    # each part's load is masked to its own columns: it reads its part, not the output's width
+    from planning import plan
+
+    parts = [torch.randn(64, 96) for _ in range(3)]
+    _, (kernel,) = plan(lambda a, b, c: torch.cat([a, b, c], -1) * 2, *parts)
+    c = kernel_cost(kernel, CEILINGS)
+    assert c.must_move == 2 * 3 * 64 * 96 * 4 and c.moves == c.must_move

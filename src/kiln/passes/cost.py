@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from kiln.ir.index import Expr
-from kiln.ir.kernel import Compute, IndexValue, Kernel, Load, Reduce, Store, column_reduction
+from kiln.ir.index import Expr, Sym
+from kiln.ir.kernel import Compute, InBounds, IndexValue, Kernel, Load, Reduce, Store, column_reduction
 from kiln.ir.sizes import hint
 from kiln.passes.aten_cost import (
     aten_cost,
@@ -54,6 +54,18 @@ def _elements(index: Expr, syms: dict[str, int], iterations: int) -> int:
     for sym in index.symbols():
         n *= syms.get(sym.name) or hint(sym.extent or 1)
     return min(n, iterations)
+
+
+def _masked_extents(s: Load, extents: dict[str, int], bounds: dict[str, InBounds]) -> dict[str, int]:
+    """The loop extents a load reads over: a load masked by 0 <= i - c < n along one loop (a
+    concatenation's part) reads n elements along it, not the loop's extent."""
+    bound = bounds.get(s.mask) if s.mask else None
+    if bound is None or len(bound.index.terms) != 1:
+        return extents
+    (atom, coef), = bound.index.terms
+    if not isinstance(atom, Sym) or atom.name not in extents or coef not in (1, -1):
+        return extents
+    return {**extents, atom.name: min(extents[atom.name], hint(bound.size))}
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -127,9 +139,11 @@ def kernel_cost(kernel: Kernel, ceilings: Ceilings, in_cache: frozenset[str] | N
     for stage in kernel.stages:
         iterations = hint(kernel.outer_numel) * (hint(kernel.reduce_numel) if stage.loop else 1)
         stage_reads: dict[str, int] = {}
+        bounds = {s.out: s for s in stage.body if isinstance(s, InBounds)}
         for s in stage.body:
             if isinstance(s, Load) and s.buf not in scratch:
-                size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
+                reach = _masked_extents(s, extents, bounds)
+                size = _elements(s.index, reach, iterations) * _itemsize(s.dtype)
                 stage_reads[s.buf] = max(stage_reads.get(s.buf, 0), size)
                 if id(s) in gathers:
                     work += iterations * function_cost("gather", ceilings)
@@ -175,9 +189,11 @@ def touched_bytes(kernel: Kernel) -> dict[str, int]:
     touched: dict[str, int] = {}
     for stage in kernel.stages:
         iterations = hint(kernel.outer_numel) * (hint(kernel.reduce_numel) if stage.loop else 1)
+        bounds = {s.out: s for s in stage.body if isinstance(s, InBounds)}
         for s in stage.body:
             if isinstance(s, (Load, Store)) and s.buf not in scratch:
-                size = _elements(s.index, extents, iterations) * _itemsize(s.dtype)
+                reach = _masked_extents(s, extents, bounds) if isinstance(s, Load) else extents
+                size = _elements(s.index, reach, iterations) * _itemsize(s.dtype)
                 touched[s.buf] = max(touched.get(s.buf, 0), size)
     return touched
 
