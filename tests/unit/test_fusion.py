@@ -204,17 +204,26 @@ def test_math_a_broadcast_would_recompute_is_stored_once_on_the_cpu():
 
     from kiln.passes.fusion import plan_stores, schedule
     from kiln.passes.layout import Layouts
+    from kiln.passes.roofline import NOMINAL_CPU
 
-    args = (torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), torch.randn(4))
-    graph = tensor_graph(rotary, *args)
-    stored, aliases, decisions = plan_stores(graph, Layouts(graph))
-    cpu = schedule(graph, dict(stored), aliases, list(decisions), store_broadcast_math=True)
+    def scheduled(batch: int, heads: int, positions: int, half: int):
+        shape = (batch, heads, positions, 2 * half)
+        graph = tensor_graph(rotary, torch.randn(shape), torch.randn(shape), torch.randn(shape),
+                             torch.randn(half))
+        stored, aliases, decisions = plan_stores(graph, Layouts(graph))
+        cpu = schedule(graph, dict(stored), aliases, list(decisions), broadcast_math=NOMINAL_CPU)
+        gpu = schedule(graph, dict(stored), aliases, list(decisions))  # a GPU recomputes them: no launch
+        return cpu, gpu
+
+    cpu, gpu = scheduled(2, 8, 128, 32)  # each consumer computes them at 16 times their points
     math_stored = [d for d in verdicts(cpu, "stored") if "stored once instead" in d.reason]
     assert sorted(d.node.split()[1] for d in math_stored) == ["pointwise.cos", "pointwise.sin"], cpu.decisions
-    assert "over 128 points would be computed at 2048 points" in math_stored[0].reason
-    gpu = schedule(graph, dict(stored), aliases, list(decisions))  # a GPU recomputes them: no launch
+    assert "over 8192 points would be computed at 262144 points" in math_stored[0].reason
     assert not [d for d in verdicts(gpu, "stored") if "cos" in d.node or "sin" in d.node]
     assert len(kernel_plans(gpu)) < len(kernel_plans(cpu))
+    # a few thousand extra cosines cost less than the launch that storing them takes
+    small, _ = scheduled(2, 4, 16, 4)
+    assert not [d for d in verdicts(small, "stored") if "stored once instead" in d.reason], small.decisions
 
 
 def test_math_read_at_its_own_points_stays_inlined():

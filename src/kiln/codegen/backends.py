@@ -43,9 +43,9 @@ class Backend:
     # On a CPU each kernel is a parallel region to enter; on a GPU a merged kernel's threads
     # hold every member's streams at once, which pays only where the launch is the cost
     merge_unrelated_points: int | None = None
-    # whether a math-library value read over a domain many times its own is stored rather than
-    # recomputed: a CPU's scalar math calls cost far more than loads; a GPU's are nearly free,
-    # and storing would add a launch
+    # whether a math-library value read over a larger domain than its own may be stored rather
+    # than recomputed, where the cost model says it pays: a CPU's math calls cost far more than
+    # loads; a GPU's are nearly free, and storing would add a launch
     store_broadcast_math: bool = False
     # matmul templates with fused epilogues (passes/matmul.py): False never, True wherever
     # they apply, None where the cost model predicts they pay (on GPUs)

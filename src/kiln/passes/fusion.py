@@ -18,6 +18,7 @@ from kiln.ir.ops import LIBRARY_MATH
 from kiln.ir.sizes import hint, is_symbolic, known_le, numel
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op, dim_syms
 from kiln.passes.layout import node_label, same_strides
+from kiln.passes.roofline import Ceilings, fits_cache, function_cost, memory_seconds
 
 
 @dataclass(frozen=True)
@@ -297,14 +298,13 @@ def _store_widely_read(graph: Graph, users: dict[Node, list[Node]], stored: dict
     return chosen
 
 
-# A math-library call (exp, cos, erf, ...) costs far more than a load on a CPU. A value made
-# by one and read over a domain more than this many times its own (rotary embeddings' cos and
-# sin, broadcast over batch and heads) is stored once instead of recomputed at every point.
-BROADCAST_RECOMPUTE_LIMIT = 2
-
-
-def _store_broadcast_math(graph: Graph, users: dict[Node, list[Node]], stored: dict[Node, str]) -> set[Node]:
-    """Store such values; returns them. Last to first, as _store_widely_read."""
+def _store_broadcast_math(graph: Graph, users: dict[Node, list[Node]], stored: dict[Node, str],
+                          ceilings: Ceilings) -> set[Node]:
+    """Store a math-library value (exp, cos, erf, ...) whose consuming kernels would compute it
+    at more points than its own (rotary embeddings' cos and sin, broadcast over batch and
+    heads) where the cost model predicts that computing it at the extra points takes longer
+    than storing it once and reading it in each consumer; returns them. Last to first, as
+    _store_widely_read."""
     chosen: set[Node] = set()
     for n in reversed(graph.nodes):
         if n in stored or n.op is not Op.POINTWISE or n.attrs[0] not in LIBRARY_MATH:
@@ -314,9 +314,14 @@ def _store_broadcast_math(graph: Graph, users: dict[Node, list[Node]], stored: d
             continue
         kernels = _consuming_kernels(n, users, stored)
         computed = sum(hint(numel(_domain(root, stored)[0])) for root in kernels)
-        if computed > BROADCAST_RECOMPUTE_LIMIT * own:
+        recompute_s = max(computed - own, 0) * function_cost(n.attrs[0], ceilings) / ceilings.ops_per_s
+        moved = _nbytes(n) * (1 + len(kernels))  # written once, read by each consumer
+        cached = moved if fits_cache(moved, ceilings) else 0
+        store_s = ceilings.kernel_launch_s + memory_seconds(moved, cached, ceilings)
+        if recompute_s > store_s:
             stored[n] = (f"{n.attrs[0]} over {own} points would be computed at {computed} points by its "
-                         f"consumers: stored once instead")
+                         f"consumers ({recompute_s * 1e6:.1f} us predicted against {store_s * 1e6:.1f} "
+                         f"us to store it once): stored once instead")
             chosen.add(n)
     return chosen
 
@@ -387,17 +392,18 @@ def _points(shape) -> int | float:
 
 def schedule(
     graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias], decisions: list[Decision],
-    merge_unrelated_points: int | None = None, store_broadcast_math: bool = False,
+    merge_unrelated_points: int | None = None, broadcast_math: Ceilings | None = None,
 ) -> Schedule:
     """Kernels for every stored node that is computed, given the stored set so far. Kernels
     over one domain merge where independent; over a domain of more than merge_unrelated_points
     points only those that read a buffer in common (or one computes what the other reads).
-    store_broadcast_math: store math-library values that consumers would recompute at many
-    times their points (see BROADCAST_RECOMPUTE_LIMIT)."""
+    broadcast_math: the device's ceilings, to store math-library values that consumers would
+    recompute at more points where the cost model says it pays (_store_broadcast_math); None:
+    never (a GPU's math is nearly free and a store costs a launch)."""
     users = graph.users()
     widely_read = _store_widely_read(graph, users, stored) | _store_to_bound_kernels(graph, stored)
-    if store_broadcast_math:
-        widely_read |= _store_broadcast_math(graph, users, stored)
+    if broadcast_math is not None:
+        widely_read |= _store_broadcast_math(graph, users, stored, broadcast_math)
     # Reductions that cannot run inside their consumers' kernels become stored; repeat
     # until every kernel's reductions fit its domain. Nested ones too: a reduction inside
     # another's input (softmax's max inside its sum) shares that row, or is stored.

@@ -259,6 +259,17 @@ def _gpu_ceilings(example_inputs):
     return (known_ceilings(device) if device.type == "cuda" else None) or NOMINAL_GPU
 
 
+def _cpu_ceilings():
+    """The CPU's measured ceilings when known (a compile does not time the machine), else the
+    nominal CPU's."""
+    import torch
+
+    from kiln.passes.roofline import NOMINAL_CPU
+    from kiln.runtime.ceilings import known_ceilings
+
+    return known_ceilings(torch.device("cpu")) or NOMINAL_CPU
+
+
 def _launch_bound(example_inputs) -> Callable[[Kernel], bool]:
     """Whether the cost model predicts a kernel's launch costs more than its work (no, where
     it cannot tell: grouping is an optimization)."""
@@ -319,7 +330,7 @@ def _fuse_and_kernelize(
 ) -> tuple[Schedule, dict[int, Kernel]]:
     while True:
         sched = schedule(graph, dict(stored), aliases, list(decisions), backend.merge_unrelated_points,
-                         backend.store_broadcast_math)
+                         _cpu_ceilings() if backend.store_broadcast_math else None)
         names = buffer_names_for(graph, sched.stored)
         kernels: dict[int, Kernel] = {}
         try:

@@ -164,5 +164,14 @@ NOMINAL_GPU = Ceilings("cuda: nominal (H200)", 4.25e12, 4.0e13, 7.0e14, 5e-6, 3e
 
 
 
+# A CPU's ceilings where none were measured: those of a 2-core AVX-512 Xeon (docs/benchmarks.md).
+NOMINAL_CPU = Ceilings("cpu: nominal (2-core AVX-512 Xeon)", 3.0e10, 1.7e12, 4.0e11, 2e-6, 1e-6, 2 << 20,
+                       cache_copy_bytes_per_s=6.0e10, cache_bytes=64 << 20,
+                       fn_cost={"exp": 85.0, "log": 95.0, "tanh": 145.0, "erf": 350.0, "gelu": 430.0,
+                                "sigmoid": 145.0, "sin": 105.0, "cos": 100.0, "sqrt": 105.0, "div": 75.0,
+                                "pow": 1100.0, "reduce.sum": 1.0, "reduce.max": 830.0, "reduce.min": 830.0,
+                                "gather": 310.0})
+
+
 def dtype_text(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
