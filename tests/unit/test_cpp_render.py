@@ -85,3 +85,23 @@ def test_truth_value_reductions_accumulate_in_int32():
     accumulators = re.findall(r"int32_t (t\d+) = [01];", sources)
     assert len(accumulators) == 4, sources  # all(x) is not any(not x): one more OR
     assert sorted(re.findall(r"reduction\(([|&]):", sources)) == ["&", "|", "|", "|"], sources
+
+
+def test_a_transposing_kernel_walks_tiles_and_matches_eager_at_odd_sizes():
+    # walking whole lines, each step along the innermost loop read a new cache line of the
+    # transposed input (x.t().contiguous() + 1 at 2048 x 1024 on the CPU: 5x slower)
+    import kiln
+
+    def f(x, y):
+        return x.t().contiguous() + 1, (x.unsqueeze(0) * y.permute(2, 1, 0)).sum(0)
+
+    _, kernels = plan(f, torch.randn(64, 48), torch.randn(48, 64, 3))
+    sources = [cpp.render_kernel(kernel) for kernel in kernels]
+    assert any(f"+= {cpp.TILE})" in source for source in sources), sources
+    assert not any(f"+= {cpp.TILE})" in cpp.render_kernel(kernel)
+                   for kernel in plan(lambda x: x * 2, torch.randn(64, 48))[1])
+    torch._dynamo.reset()
+    for shape in [(37, 50), (64, 48), (17, 1000)]:
+        x, y = torch.randn(shape), torch.randn(shape[1], shape[0], 3)
+        for actual, expected in zip(kiln.compile(f)(x, y), f(x, y)):
+            torch.testing.assert_close(actual, expected)
