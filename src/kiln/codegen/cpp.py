@@ -578,7 +578,7 @@ class _Renderer:
 
     def render(self) -> str:
         kern = self.k
-        if k.column_reduction(kern) and not kern.scratch:
+        if k.column_reduction(kern):
             return self.render_column()
         params = ", ".join(
             f"{'' if p.is_output else 'const '}{STORAGE_TYPE[p.dtype]}* __restrict__ {p.name}"

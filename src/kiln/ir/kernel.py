@@ -191,7 +191,7 @@ def column_reduction(kernel: Kernel) -> bool:
     """True when neighbouring outer points are neighbours in memory and neighbouring row
     elements are not (a sum over rows, like a bias gradient): code generators then work on
     a block of neighbouring outer points at once, so that loads stay contiguous."""
-    if not kernel.reduce or not kernel.outer:
+    if not kernel.reduce or not kernel.outer or kernel.scratch:  # rows kept: walked row by row
         return False
     x, r = kernel.outer[-1], kernel.reduce[-1]
     loads = [s.index for st in kernel.stages for s in st.body if isinstance(s, Load)]

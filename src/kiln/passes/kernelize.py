@@ -453,7 +453,15 @@ def emit_kernel(
     row_scratch_limit: int = 0,
     keep_loaded_rows: bool = False,
 ) -> k.Kernel:
-    return KernelEmitter(name, plan, buffer_names, layouts, row_scratch_limit, keep_loaded_rows).build()
+    kernel = KernelEmitter(name, plan, buffer_names, layouts, row_scratch_limit, keep_loaded_rows).build()
+    if kernel.scratch:
+        # a reduction down columns walks blocks of neighbouring columns, where a row kept per
+        # column does not fit: it reads its input again instead (a softmax over dim 0 walked
+        # column by column, every load a new cache line, was 13x slower than eager)
+        recomputing = KernelEmitter(name, plan, buffer_names, layouts, 0, keep_loaded_rows).build()
+        if k.column_reduction(recomputing):
+            return recomputing
+    return kernel
 
 
 def transposing_copy(kernel: k.Kernel, plan: KernelPlan, buffer_names: dict[Node, str],
