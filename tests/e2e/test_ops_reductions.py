@@ -303,3 +303,17 @@ def test_rows_that_start_off_16_byte_boundaries(dtype, n):
     check(f, x, w, tol=tol, expect_native=True)
     check(shifted, randn(7 * n + 3, dtype=dtype, seed=2), w, tol=tol, expect_native=True)
     check(lambda x: (x.argmax(-1), x.softmax(-1)), randn(7, n, dtype=dtype, seed=3), expect_native=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_arg_reductions_take_the_first_of_tied_extremes(dtype):
+    # the extreme is found in a vectorized pass, then the first position holding it
+    def f(x, y):
+        return x.argmax(-1), x.argmin(-1), (x * 2 + y).argmax(-1), torch.max(x - y, -1)
+
+    x = randint(-3, 3, 6, 1000, dtype=dtype)  # many ties in every row
+    y = randint(-3, 3, 6, 1000, dtype=dtype, seed=1)
+    if dtype.is_floating_point:
+        x[1, 700] = float("nan")
+        x[2, 5] = -0.0
+    check(f, x, y, expect_native=True)
