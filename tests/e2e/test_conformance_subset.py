@@ -98,7 +98,6 @@ FALLBACK_PASS = {
         "nn.functional.scaled_dot_product_attention",
         "nanquantile",
         "nn.functional.local_response_norm",
-        "nn.functional.instance_norm",
         "special.log_ndtr",
         "isin",
         "_unsafe_masked_index_put_accumulate",
@@ -111,7 +110,6 @@ FALLBACK_PASS = {
     },
     "bfloat16": {
         "nn.functional.scaled_dot_product_attention",
-        "nn.functional.instance_norm",
         "nn.functional.local_response_norm",
         "nn.functional.cosine_embedding_loss",
         "bernoulli",

@@ -116,3 +116,20 @@ def test_an_argmax_finds_the_extreme_vectorized_then_its_first_position():
     source = cpp.render_kernel(plain)
     assert "reduction(max:" in source and "break;" in source, source
     assert "break;" not in cpp.render_kernel(erf), cpp.render_kernel(erf)
+
+
+def test_a_loop_an_index_divides_is_split_into_affine_loops():
+    # x1 % 100 along the innermost loop: the compiler gathered element by element (a repeat
+    # at 256 x 2048: 2.6x slower than Inductor); split, the inner loop reads contiguously
+    import kiln
+
+    def f(x):
+        return x.repeat(3, 2) + 1, torch.nn.functional.max_pool2d(x[None, None], 2)
+
+    x = torch.randn(30, 100)
+    _, kernels = plan(lambda x: x.repeat(3, 2) + 1, x)
+    source = cpp.render_kernel(kernels[0])
+    assert "%" not in source and "x1r" in source, source
+    torch._dynamo.reset()
+    for actual, expected in zip(kiln.compile(f)(x), f(x)):
+        torch.testing.assert_close(actual, expected)

@@ -12,6 +12,7 @@ from functools import partial
 import torch
 
 from kiln.codegen import base
+from kiln.codegen.cpp_loops import split_at_divisors
 from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, Sym
@@ -848,4 +849,4 @@ def _row_invariant(kernel: k.Kernel, known: set[str]) -> dict[int, list[k.Stmt]]
 
 def render_kernel(kernel: k.Kernel) -> str:
     """The kernel as a C++ function; the build puts the prelude (cpp_prelude.h) before it."""
-    return _Renderer(kernel).render()
+    return _Renderer(split_at_divisors(kernel)).render()

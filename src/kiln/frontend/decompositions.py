@@ -26,6 +26,7 @@ DECOMPOSE = [
     aten.addcmul, aten.addcdiv, aten.glu, aten.threshold, aten.mse_loss, aten.logaddexp,
     aten.native_batch_norm, aten._native_batch_norm_legit_functional, aten.nll_loss_forward,
     aten.rsub, aten.lerp, aten.frac, aten.nan_to_num, aten.softshrink, aten.hardshrink,
+    aten.repeat, aten.max_pool2d_with_indices,
 ]
 
 # Ops kiln lowers itself (a decomposition would only make the graph longer) or leaves to
