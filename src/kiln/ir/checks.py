@@ -22,6 +22,9 @@ class ErrorRule:
     exception: type[Exception]
     message: str
     wrap: bool = False  # index rules: negative indices count from the end (else they are errors)
+    # False where the op's indices are in range by construction (an upsampling's): an index out
+    # of range is still read as 0, never outside the buffer, but not reported
+    reported: bool = True
 
 
 # The ATen ops that read or write through data-dependent indices, and integer division (the
@@ -44,6 +47,7 @@ RULES: dict[str, ErrorRule] = {
         IndexError, "out of range: tried to access index {value} on a tensor of {size} elements.", wrap=True
     ),
     "divide_by_zero": ErrorRule(RuntimeError, "ZeroDivisionError"),
+    "unchecked_index": ErrorRule(IndexError, _OUT_OF_BOUNDS, wrap=True, reported=False),
 }
 
 

@@ -79,6 +79,14 @@ _DECOMPOSED_RULES = {
     "aten.nll_loss_forward.default": "nll_loss",
     "aten.nll_loss2d_forward.default": "nll_loss",
     "aten.take.default": "take",
+    # indices computed from the output's positions, in range by construction
+    "aten._unsafe_index.Tensor": "unchecked_index",
+    "aten.upsample_nearest1d.vec": "unchecked_index",
+    "aten.upsample_nearest2d.vec": "unchecked_index",
+    "aten.upsample_nearest3d.vec": "unchecked_index",
+    "aten.upsample_nearest1d.default": "unchecked_index",
+    "aten.upsample_nearest2d.default": "unchecked_index",
+    "aten.upsample_nearest3d.default": "unchecked_index",
 }
 
 

@@ -203,8 +203,8 @@ class KernelEmitter:
 
     def _checked_index(self, e: Expr, check: Check, mask: str | None) -> Sym:
         """e as an index into a dimension of check.size, negatives counted from the end where
-        the rule says so. Out of range, it is reported to the host (where mask holds) and
-        read as 0, so that no access leaves the buffer."""
+        the rule says so. Out of range, it is reported to the host (where mask holds and the
+        rule reports) and read as 0, so that no access leaves the buffer."""
         raw = self._tmp()
         self._emit(k.IndexValue(raw, e))
         zero = self._const(0, torch.int64)
@@ -217,7 +217,8 @@ class KernelEmitter:
         below = self._binary("lt", index, zero, torch.bool)
         above = self._binary("ge", index, self._const(check.size, torch.int64), torch.bool)
         outside = self._binary("logical_or", below, above, torch.bool)
-        self._flag(outside, raw, check, mask)
+        if RULES[check.rule].reported:
+            self._flag(outside, raw, check, mask)
         out = self._tmp()
         self._emit(k.Compute(out, "where", (outside, zero, index), torch.int64))
         return Sym(out, check.size) if check.size > 0 else Sym(out)
