@@ -47,7 +47,7 @@ def test_a_norms_weight_gradient_is_a_column_reduction():
 
 def test_a_softmax_down_columns_reads_its_input_again_instead_of_keeping_rows():
     # a row kept per column does not fit a block of columns: walked column by column instead,
-    # every load was a new cache line (13x slower than eager on the CPU)
+    # every load was a new cache line
     from conftest import TOLERANCE, assert_same, run_compiled
 
     from kiln.ir import kernel as k
