@@ -459,7 +459,10 @@ def emit_kernel(
         # a reduction down columns walks blocks of neighbouring columns, where a row kept per
         # column does not fit: it reads its input again instead (walked column by column to
         # keep its rows, every load would be a new cache line)
-        recomputing = KernelEmitter(name, plan, buffer_names, layouts, 0, keep_loaded_rows).build()
+        try:
+            recomputing = KernelEmitter(name, plan, buffer_names, layouts, 0, keep_loaded_rows).build()
+        except FusionMismatch:  # recomputing would read a value at too many indices: rows kept
+            return kernel
         if k.column_reduction(recomputing):
             return recomputing
     return kernel
