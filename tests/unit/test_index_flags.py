@@ -32,3 +32,16 @@ def test_other_rows_are_a_real_tensor_even_inside_a_fake_mode():
     flags = e.helpers[name]
     assert not isinstance(flags, FakeTensor)
     assert flags.tolist() == [0, 4]
+
+
+def test_the_assert_message_fits_torchs_limit_and_lists_each_check_once():
+    # torch._assert_async refuses a message of 255 characters or more: a BERT training graph's
+    # twelve embedding checks made the whole program fail at its first call on CUDA
+    from kiln.ir.checks import Check
+    from kiln.runtime.host_ops import ASSERT_MESSAGE_LIMIT, checks_message
+
+    many = tuple(Check("embedding", 0, 30522 + i % 6, 0) for i in range(12))
+    message = checks_message(many)
+    assert len(message) < ASSERT_MESSAGE_LIMIT and message.endswith("more)"), message
+    assert message.count("size 30522 ") == 1
+    assert checks_message((Check("index", 1, 5, 0),)).endswith("(index dim 1 size 5 input 0)")

@@ -74,8 +74,22 @@ def raise_reported(errors: torch.Tensor, checks: tuple[Check, ...], sizes: tuple
             raise check.error(value, size)
 
 
+# torch._assert_async takes messages shorter than this
+ASSERT_MESSAGE_LIMIT = 255
+
+
 def checks_message(checks: tuple[Check, ...]) -> str:
-    return "kiln: a run-time check failed in a compiled program (" + ", ".join(map(str, checks)) + ")"
+    """What a failed device-side check says: the distinct checks, as many as the message fits."""
+    head, listed = "kiln: a run-time check failed in a compiled program (", []
+    distinct = list(dict.fromkeys(map(str, checks)))
+    for n, text in enumerate(distinct):
+        rest = len(distinct) - n - 1
+        more = f", and {rest} more" if rest else ""
+        if len(head + ", ".join([*listed, text]) + more + ")") >= ASSERT_MESSAGE_LIMIT:
+            more = f"{', ' if listed else ''}and {len(distinct) - n} more"
+            return head + ", ".join(listed) + more + ")"
+        listed.append(text)
+    return head + ", ".join(listed) + ")"
 
 
 def thread_arena(slots: tuple[Slot, ...], device: torch.device,
