@@ -97,7 +97,6 @@ FALLBACK_PASS = {
     "float32": {
         "nn.functional.scaled_dot_product_attention",
         "nanquantile",
-        "nn.functional.local_response_norm",
         "special.log_ndtr",
         "isin",
         "_unsafe_masked_index_put_accumulate",
@@ -110,7 +109,6 @@ FALLBACK_PASS = {
     },
     "bfloat16": {
         "nn.functional.scaled_dot_product_attention",
-        "nn.functional.local_response_norm",
         "nn.functional.cosine_embedding_loss",
         "bernoulli",
         "_unsafe_masked_index_put_accumulate",

@@ -75,6 +75,25 @@ def _frac(x: torch.Tensor) -> torch.Tensor:
     return torch.sub(x, torch.trunc(x))
 
 
+def _avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    """The mean of each window as a sum of strided slices, one per window position, which fuse
+    into one kernel; windows cut by padding or ceil_mode keep ATen's kernel."""
+    kh, kw = (kernel_size * 2)[:2] if len(kernel_size) == 1 else kernel_size
+    sh, sw = ((stride * 2)[:2] if len(stride) == 1 else stride) if stride else (kh, kw)
+    pads = padding if isinstance(padding, (list, tuple)) else [padding]
+    if any(pads) or ceil_mode or x.dim() not in (3, 4) or not x.dtype.is_floating_point:
+        return NotImplemented
+    height, width = x.shape[-2], x.shape[-1]
+    out_h, out_w = (height - kh) // sh + 1, (width - kw) // sw + 1
+    total = None
+    for i in range(kh):
+        for j in range(kw):
+            part = x[..., i:i + sh * (out_h - 1) + 1:sh, j:j + sw * (out_w - 1) + 1:sw]
+            total = part if total is None else total + part
+    return total / (divisor_override or kh * kw)
+
+
 @functools.cache
 def decomposition_table() -> dict:
     table = dict(core_aten_decompositions())
@@ -84,6 +103,7 @@ def decomposition_table() -> dict:
     table[aten.addcmul.default] = _integer_value_truncated(table[aten.addcmul.default])
     table[aten.take.default] = _take
     table[aten.frac.default] = _frac
+    table[aten.avg_pool2d.default] = _avg_pool2d
     table.update(foreach_decompositions())
     for op in KEEP:
         table.pop(op, None)
