@@ -12,11 +12,11 @@ line per element), which a model benchmark averages away.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+
+from benchmarks.measure import median_seconds
 
 X = torch.randn(2048, 1024, generator=torch.Generator().manual_seed(0))
 Y = torch.randn(2048, 1024, generator=torch.Generator().manual_seed(1))
@@ -63,17 +63,6 @@ CASES = {
 }
 
 
-def median_us(fn, calls: int) -> float:
-    for _ in range(5):
-        fn(X)
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        fn(X)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
-
-
 def main() -> None:
     import kiln
 
@@ -92,7 +81,8 @@ def main() -> None:
             expected = fn(X)
             for result in (compiled["inductor"](X), compiled["kiln"](X)):
                 torch.testing.assert_close(result, expected, rtol=2e-2, atol=2e-2)
-            eager, inductor, ours = (median_us(f, args.calls) for f in (fn, *compiled.values()))
+            timed = [median_seconds(f, (X,), args.calls) * 1e6 for f in (fn, *compiled.values())]
+        eager, inductor, ours = timed
         print(f"| {name} | {eager:.1f} | {inductor:.1f} | {ours:.1f} | {inductor / ours:.2f}x |", flush=True)
 
 

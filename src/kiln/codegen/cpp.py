@@ -12,6 +12,7 @@ from functools import partial
 import torch
 
 from kiln.codegen import base
+from kiln.codegen.cpp_hoisting import computing, line_invariant, loop_invariant, row_invariant, values_of
 from kiln.codegen.cpp_loops import split_at_divisors
 from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
@@ -415,7 +416,7 @@ class _Renderer:
         self.emit(depth, f"int64_t {a.out} = 0;")
         self.types[a.out] = torch.int64
         self.emit(depth, f"for (int64_t {sym.name} = 0; {sym.name} < {sc(sym.extent)}; ++{sym.name}) {{")
-        for s in _computing(stage.body, v):
+        for s in computing(stage.body, v):
             if id(s) not in self.hoisted:
                 self.stmt(s, depth + 1)
         self.emit(depth + 1, f"if ({found}) {{ {a.out} = {render_index(a.index)}; break; }}")
@@ -478,7 +479,7 @@ class _Renderer:
         self.emit(depth, f"{ct} {bmax} = {_reduce_init('max', t)};")
         self.emit(depth, f"#pragma omp simd reduction(max:{bmax})")
         self.emit(depth, f"for (int64_t {i} = {start}; {i} < {stop}; ++{i}) {{")
-        for s in _computing(stage.body, r.value):
+        for s in computing(stage.body, r.value):
             if id(s) not in self.hoisted:
                 self.stmt(s, depth + 1)
         self.emit(depth + 1, f"{bmax} = {r.value} > {bmax} ? {r.value} : {bmax};")
@@ -622,7 +623,7 @@ class _Renderer:
                 raise CppUnsupported(f"dtype {p.dtype}")
         self.emit(0, f'extern "C" void {kern.name}({params}) {{')
         self.error_locals()
-        hoisted = _loop_invariant(kern) if not kern.reduce else set()
+        hoisted = loop_invariant(kern) if not kern.reduce else set()
         for stage in kern.stages:  # once, before the loops (an optimizer's bias corrections)
             for s in stage.body:
                 if id(s) in hoisted:
@@ -662,13 +663,13 @@ class _Renderer:
         # a line's (or a row's) own values once, before the loop along it (or the row's stages)
         along = {simd_outer[0]} if simd_outer and par_dims else set(kern.reduce) if kern.reduce else None
         if along:
-            per_line = _line_invariant(kern, along) - hoisted
+            per_line = line_invariant(kern, along) - hoisted
             for stage in kern.stages:
                 for s in stage.body:
                     if id(s) in per_line:
                         self.stmt(s, depth)
             hoisted = hoisted | per_line
-        self.per_row = _row_invariant(kern, _outs(kern, hoisted)) if kern.reduce else {}
+        self.per_row = row_invariant(kern, values_of(kern, hoisted)) if kern.reduce else {}
         self.hoisted = hoisted | {id(s) for stmts in self.per_row.values() for s in stmts}
         if simd_loop:
             if par_dims or not parallel:
@@ -722,7 +723,7 @@ def _found_again(stage: k.Stage, a: k.Reduce) -> bool:
     bool values."""
     if compute_dtype(a.dtype) is torch.bool:
         return False
-    return not any(isinstance(s, k.Compute) and s.fn in LIBRARY_MATH for s in _computing(stage.body, a.value))
+    return not any(isinstance(s, k.Compute) and s.fn in LIBRARY_MATH for s in computing(stage.body, a.value))
 
 
 def _logical_op(s: k.Reduce) -> str | None:
@@ -749,102 +750,6 @@ def _nan_flag_type(t: torch.dtype) -> str:
 def _finite_shift(m: str, t: torch.dtype) -> str:
     """The running maximum m as the online sum's shift: 0 while m is -inf."""
     return f"({m} == {_reduce_init('max', t)} ? ({ctype(t)})0 : {m})"
-
-
-def _computing(body: tuple[k.Stmt, ...], value: str) -> list[k.Stmt]:
-    """The statements of body that value is computed from (loads, constants, arithmetic),
-    in their order: what a pass over a block needs to recompute it."""
-    pure = (k.Load, k.Const, k.IndexValue, k.InBounds, k.Compute)
-    producers = {s.out: s for s in body if isinstance(s, pure)}
-    needed, stack = set(), [value]
-    while stack:
-        name = stack.pop()
-        s = producers.get(name)
-        if s is None or name in needed:
-            continue
-        needed.add(name)
-        if isinstance(s, k.Compute):
-            stack.extend(s.args)
-        if isinstance(s, k.Load) and s.mask:
-            stack.append(s.mask)
-        index = getattr(s, "index", None)
-        if index is not None:
-            stack.extend(sym.name for sym in index.symbols())
-    return [s for s in body if getattr(s, "out", None) in needed and not isinstance(s, k.Reduce)]
-
-
-def _loop_invariant(kernel: k.Kernel) -> set[int]:
-    """The statements (by id) of a point-wise kernel that compute the same value at every
-    point: loads at a constant index, constants, and what is computed from those alone."""
-    written = {p.name for p in kernel.params if p.is_output}
-    invariant: set[str] = set()
-    found: set[int] = set()
-    for stage in kernel.stages:
-        for s in stage.body:
-            constant_load = (isinstance(s, k.Load) and s.mask is None and s.buf not in written
-                             and not s.index.symbols())
-            computed = isinstance(s, k.Compute) and all(a in invariant for a in s.args)
-            if constant_load or computed or isinstance(s, k.Const):
-                invariant.add(s.out)
-                found.add(id(s))
-    return found
-
-
-def _line_invariant(kernel: k.Kernel, along: set) -> set[int]:
-    """The statements (by id) whose values do not change along the loops over `along` (a
-    point-wise kernel's vector loop, or a reduction's row): a gather's row index and its
-    bounds check, a row's scale. Computed once per line, they leave the loop contiguous
-    loads it vectorizes; inside it, a loaded index and its check (a max reduction) keep it
-    scalar. A reduction's result is never among them: it is known only after its loop."""
-    written = {p.name for p in kernel.params if p.is_output} | {b.name for b in kernel.scratch}
-    invariant: set[str] = set()
-    found: set[int] = set()
-
-    loops = {sym.name for sym in kernel.outer}
-
-    def fixed(index) -> bool:  # an index's symbols are loops' or values' (a gather's)
-        return all(sym not in along and (sym.name in loops or sym.name in invariant)
-                   for sym in index.symbols())
-
-    for stage in kernel.stages:
-        for s in stage.body:
-            if isinstance(s, k.Load):
-                same = s.buf not in written and fixed(s.index) and (s.mask is None or s.mask in invariant)
-            elif isinstance(s, (k.IndexValue, k.InBounds)):
-                same = fixed(s.index)
-            elif isinstance(s, k.Compute):
-                same = all(a in invariant for a in s.args)
-            elif isinstance(s, k.Flag):
-                same = s.cond in invariant and s.value in invariant
-            else:
-                same = isinstance(s, k.Const)
-            if same:
-                invariant.add(getattr(s, "out", None))
-                found.add(id(s))
-    return found
-
-
-def _outs(kernel: k.Kernel, ids: set[int]) -> set[str]:
-    return {s.out for stage in kernel.stages for s in stage.body if id(s) in ids and getattr(s, "out", None)}
-
-
-def _row_invariant(kernel: k.Kernel, known: set[str]) -> dict[int, list[k.Stmt]]:
-    """Per loop stage (by id) of a reduction kernel: the arithmetic that does not change along
-    the row but needs an earlier stage's reduction (a norm's mean, its 1 / sqrt(var + eps)).
-    Computed once per row between the loops, it leaves the loop its element-wise work alone;
-    inside it, a square root and a division at every element. known: values computed before
-    the row's loops (_line_invariant's)."""
-    invariant, reduced = set(known), set()
-    per_stage: dict[int, list[k.Stmt]] = {}
-    for stage in kernel.stages:
-        if stage.loop:
-            for s in stage.body:
-                if (isinstance(s, k.Compute) and s.out not in invariant
-                        and all(a in invariant or a in reduced for a in s.args)):
-                    invariant.add(s.out)
-                    per_stage.setdefault(id(stage), []).append(s)
-        reduced |= {s.out for s in stage.body if isinstance(s, k.Reduce)}
-    return per_stage
 
 
 def render_kernel(kernel: k.Kernel) -> str:
