@@ -22,6 +22,8 @@ for var, prefix in (("KILN_CACHE_DIR", "kiln"), ("TORCHINDUCTOR_CACHE_DIR", "ind
 
 import torch  # noqa: E402
 
+from benchmarks.gpu_profile import name_kernels_by_graph, print_profile, write_explain  # noqa: E402
+
 
 def _timed(fn, x, calls: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -35,7 +37,7 @@ def _timed(fn, x, calls: int) -> float:
     return statistics.median(times)
 
 
-def run(name: str, batch: int, variants: list[str], calls: int) -> list[dict]:
+def run(name: str, batch: int, variants: list[str], calls: int, profile: bool = False) -> list[dict]:
     import timm
 
     torch.manual_seed(0)
@@ -47,6 +49,8 @@ def run(name: str, batch: int, variants: list[str], calls: int) -> list[dict]:
         if variant == "kiln":
             import kiln
 
+            if profile:
+                name_kernels_by_graph()
             fn = kiln.compile(model)
         elif variant == "inductor":
             fn = torch.compile(model)
@@ -66,6 +70,8 @@ def run(name: str, batch: int, variants: list[str], calls: int) -> list[dict]:
         for _ in range(5):
             call(x)
         ms = _timed(call, x, calls)
+        if profile:
+            print_profile(f"{name} {variant}", lambda: call(x), top=25)
         reference = out if reference is None else reference
         rows.append({"model": name, "variant": variant, "ms": ms, "first_s": first,
                      "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
@@ -79,14 +85,18 @@ def main() -> None:
     p.add_argument("--variants", default="eager,inductor,kiln")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--calls", type=int, default=30)
+    p.add_argument("--profile", action="store_true", help="print GPU time per kernel")
+    p.add_argument("--explain", default="", help="write kiln's account of each graph to this folder")
     args = p.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, batch {args.batch}, bf16 autocast, "
           "channels_last, inference")
     print(f"{'model':<16} {'variant':<9} {'ms':>8} {'first s':>8} {'peak GiB':>9} {'max |diff|':>11}")
     for name in args.models.split(","):
-        for r in run(name, args.batch, args.variants.split(","), args.calls):
+        for r in run(name, args.batch, args.variants.split(","), args.calls, args.profile):
             print(f"{r['model']:<16} {r['variant']:<9} {r['ms']:8.2f} {r['first_s']:8.1f} "
                   f"{r['peak_gib']:9.2f} {r['max_diff']:11.4f}")
+    if args.explain:
+        write_explain(args.explain)
 
 
 if __name__ == "__main__":

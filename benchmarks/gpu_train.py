@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import os
 import sys
 import tempfile
@@ -21,6 +20,8 @@ for var, prefix in (("KILN_CACHE_DIR", "kiln"), ("TORCHINDUCTOR_CACHE_DIR", "ind
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+
+from benchmarks.gpu_profile import name_kernels_by_graph, print_profile, write_explain  # noqa: E402
 
 
 def make_model():
@@ -42,7 +43,7 @@ def run(variant: str, base, batches, steps: int, profile: bool = False):
         import kiln
 
         if profile:
-            _name_kernels_by_graph()
+            name_kernels_by_graph()
         fwd = kiln.compile(model, mode="max-autotune" if variant == "kiln-autotune" else "default")
     else:
         fwd = model
@@ -72,56 +73,6 @@ def run(variant: str, base, batches, steps: int, profile: bool = False):
     if profile:
         print_profile(variant, lambda: step(batches[0]))
     return {"losses": losses, "first": first, "step": per_step, "peak": peak}
-
-
-def _name_kernels_by_graph() -> None:
-    """Kernel names unique in the process (g<graph>_kernel<n>), so a profile tells graphs apart."""
-    from kiln.passes import pipeline
-
-    name_by_content = getattr(pipeline._name_by_content, "original", pipeline._name_by_content)
-    graph_numbers: dict[int, int] = {}
-
-    def unique_names(kernels, sched):
-        prefix = f"g{graph_numbers.setdefault(id(sched.graph), len(graph_numbers))}_"
-        named = name_by_content(kernels, sched)
-        return {k: dataclasses.replace(v, name=prefix + v.name) for k, v in named.items()}
-
-    unique_names.original = name_by_content
-    pipeline._name_by_content = unique_names
-
-
-def write_explain(folder: str) -> None:
-    """Each graph kiln compiled: passes, kernels, decisions, host program and kernel sources."""
-    from kiln.frontend.backend import REPORTS
-    from kiln.tools.explain import report_text
-
-    os.makedirs(folder, exist_ok=True)
-    for i, report in enumerate(REPORTS):
-        with open(os.path.join(folder, f"graph{i}.txt"), "w") as f:
-            f.write(report_text(report, show_kernels=True) + "\n\n" + report.host_source + "\n")
-            for name, source in report.sources.items():
-                f.write(f"\n# {name}\n{source}\n")
-
-
-def print_profile(variant: str, step, top: int = 45) -> None:
-    """GPU time per kernel name over two steps, largest first."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        step()
-        torch.cuda.synchronize()
-    totals: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            t = totals.setdefault(e.name[:90], [0.0, 0])
-            t[0] += e.device_time / 2e3  # us over two steps -> ms per step
-            t[1] += 1
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
-    print(f"--- {variant}: {sum(t for t, _ in totals.values()):.1f} ms of kernels per step, "
-          f"{sum(n for _, n in totals.values()) // 2} launches per step")
-    for name, (ms, n) in ranked[:top]:
-        print(f"{ms:8.3f} ms {n // 2:5d}x  {name}")
 
 
 def main() -> int:

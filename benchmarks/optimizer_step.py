@@ -90,7 +90,7 @@ def profile(variants, names, device) -> None:
         sync(device)
         print(f"\n{name}: host time per step {statistics.median(host) * 1e3:.2f} ms")
         if device.type == "cuda":
-            from benchmarks.gpu_train import print_profile
+            from benchmarks.gpu_profile import print_profile
 
             print_profile(name, step, top=12)
 

@@ -69,7 +69,7 @@ def _arena_bytes(reports) -> int:
                for s in r.host_program.arena)
 
 
-def run(variant: str, base, shape, device: str, dtype, steps: int) -> dict:
+def run(variant: str, base, shape, device: str, dtype, steps: int, profile: bool = False) -> dict:
     import kiln
     from kiln.frontend.backend import REPORTS
     from kiln.passes.peak import step_peak
@@ -114,6 +114,10 @@ def run(variant: str, base, shape, device: str, dtype, steps: int) -> dict:
     else:
         peak = _cpu_peak(step) + _arena_bytes(reports)
     clear()
+    if profile and device == "cuda":
+        from benchmarks.gpu_profile import print_profile
+
+        print_profile(variant, lambda: (step(), clear()), top=30)
     predicted = [p for p in [step_peak(reports)] if p is not None] if variant == "kiln" else []
     return {"loss": loss, "step": per_step, "peak": peak, "predicted": predicted}
 
@@ -127,6 +131,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dtype", default="", help="autocast dtype (default: bfloat16 on CUDA, none on CPU)")
     parser.add_argument("--explain", action="store_true", help="print kiln's analysis of the peak")
+    parser.add_argument("--profile", action="store_true", help="print GPU time per kernel (CUDA)")
     parser.add_argument("--no-arena", action="store_true",
                         help="plan kiln's temporaries as on CUDA (slots in the first temporary's memory, no "
                              "arena kept across calls), to measure that plan on the CPU")
@@ -145,7 +150,7 @@ def main() -> int:
         torch.manual_seed(0)
         base, shape = MODELS[name](args.full)
         for variant in args.variants.split(","):
-            r = run(variant, base, shape, args.device, dtype, args.steps)
+            r = run(variant, base, shape, args.device, dtype, args.steps, args.profile)
             peak, ms = r["peak"] / 2**20, r["step"] * 1e3
             print(f"{name:6} {variant:9} {peak:8.2f} MiB {ms:7.2f} ms  {r['loss']:.5f}")
             for p in r["predicted"]:
