@@ -59,6 +59,8 @@ CASES = {
     "group_norm": lambda x: F.group_norm(IMAGE, 8, C64, C64),
     "max_pool": lambda x: F.max_pool2d(IMAGE, 2),
     "avg_pool": lambda x: F.avg_pool2d(IMAGE, 2),
+    "max_pool_pad": lambda x: F.max_pool2d(IMAGE, 3, 2, 1),
+    "avg_pool_pad": lambda x: F.avg_pool2d(IMAGE, 3, 2, 1),
     "interpolate_nearest": lambda x: F.interpolate(IMAGE, scale_factor=2, mode="nearest"),
 }
 

@@ -192,3 +192,23 @@ def test_cross_entropy_gradient_runs_natively():
     assert_same(kiln_in.grad, eager_in.grad)
     backward = REPORTS[-1]
     assert len(REPORTS) == before + 2 and not backward.fallbacks, backward.fallbacks
+
+
+def test_embedding_gradient_sums_repeated_rows_in_aten_by_design():
+    """Rows named many times (a token type, a position in every sequence) are summed by
+    ATen's sorting kernel: an embedding's backward is an ATen call kiln chose, not a fallback."""
+    weight = torch.randn(30, 8)
+    ids = torch.cat([torch.zeros(40, dtype=torch.int64), torch.randint(0, 30, (24,))]).view(8, 8)
+    eager_w, kiln_w = weight.clone().requires_grad_(), weight.clone().requires_grad_()
+
+    def f(w, i):
+        return (F.embedding(i, w) * torch.arange(8.0)).sum()
+
+    f(eager_w, ids).backward()
+    before = len(REPORTS)
+    kiln.compile(f)(kiln_w, ids).backward()
+    assert_same(kiln_w.grad, eager_w.grad)
+    backward = REPORTS[-1]
+    assert len(REPORTS) == before + 2
+    assert list(backward.fallbacks) == ["aten.embedding_dense_backward.default"]
+    assert "by design" in backward.fallbacks["aten.embedding_dense_backward.default"]

@@ -1,5 +1,5 @@
-"""2-d pooling: max_pool2d and avg_pool2d decompose into window reads that fuse (avg_pool2d
-with padding or ceil_mode keeps ATen's kernel), forward and backward, against eager."""
+"""2-d pooling: max_pool2d and avg_pool2d decompose into window reads that fuse, forward and
+backward, against eager; max_pool2d's indices equal eager's, NaN and -inf included."""
 
 import pytest
 import torch
@@ -14,8 +14,11 @@ POOLS = [
     (F.avg_pool2d, dict(kernel_size=2), True),
     (F.avg_pool2d, dict(kernel_size=(2, 3), stride=(1, 2)), True),
     (F.avg_pool2d, dict(kernel_size=2, divisor_override=3), True),
-    (F.avg_pool2d, dict(kernel_size=3, stride=2, padding=1), False),
-    (F.avg_pool2d, dict(kernel_size=3, stride=2, ceil_mode=True), False),
+    (F.avg_pool2d, dict(kernel_size=3, stride=2, padding=1), True),
+    (F.avg_pool2d, dict(kernel_size=3, stride=2, padding=1, count_include_pad=False), True),
+    (F.avg_pool2d, dict(kernel_size=3, stride=2, ceil_mode=True), True),
+    (F.max_pool2d, dict(kernel_size=3, stride=2, ceil_mode=True), True),
+    (F.max_pool2d, dict(kernel_size=2, stride=1, padding=1, dilation=2), True),
 ]
 
 
@@ -34,3 +37,16 @@ def test_pooling_matches_eager_forward_and_backward(pool, kwargs, native, shape)
         fn(leaf).square().sum().backward()
         grads.append(leaf.grad)
     torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("kwargs", [dict(kernel_size=2), dict(kernel_size=3, stride=2, padding=1),
+                                    dict(kernel_size=3, stride=2, dilation=2, ceil_mode=True)])
+def test_max_pool_indices_match_eager_with_nan_and_infinities(kwargs):
+    def f(x):
+        return F.max_pool2d(x, return_indices=True, **kwargs)
+
+    x = torch.randn(2, 3, 11, 9)
+    x.view(-1)[::7] = float("nan")
+    x.view(-1)[::5] = float("-inf")
+    x[0, 0] = float("-inf")  # windows of -inf alone: the index is the window's first position
+    check(f, x, expect_native=True)  # values with NaN in place, indices exactly

@@ -199,3 +199,27 @@ def test_cross_entropy_forward_and_backward_over_vocabulary_rows(dtype):
     tol = dict(rtol=1e-4, atol=1e-5) if dtype is torch.float32 else dict(rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(actual, expected, **tol)
     torch.testing.assert_close(grad, expected_grad, **tol)
+
+
+def test_conv_bias_pooling_and_embedding_gradients_match_eager():
+    """A convolution's bias as an add in the graph, max pooling with padding (values and
+    indices), and an embedding's gradient over indices that repeat, forward and backward."""
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1).to(CUDA, memory_format=torch.channels_last)
+    emb = torch.nn.Embedding(50, 16).to(CUDA)
+
+    def f(x, ids):
+        y = F.max_pool2d(torch.relu(conv(x)), 3, 2, 1)
+        return (y.mean((2, 3)) * emb(ids).sum(1)).sum()
+
+    x = torch.randn(4, 8, 15, 15, device=CUDA).to(memory_format=torch.channels_last)
+    ids = torch.randint(0, 3, (4, 9), device=CUDA)
+    check(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), x)
+    grads = []
+    for fn in (f, kiln.compile(f)):
+        torch._dynamo.reset()
+        fn(x, ids).backward()
+        grads.append([p.grad.clone() for p in (*conv.parameters(), emb.weight)])
+        for p in (*conv.parameters(), emb.weight):
+            p.grad = None
+    for got, want in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

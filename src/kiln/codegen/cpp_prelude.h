@@ -29,9 +29,17 @@ static inline float kiln_round_bf16(float f) { return kiln_from_bf16(kiln_to_bf1
 static inline uint16_t kiln_bf16_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return (uint16_t)(u >> 16); }
 static inline float kiln_round_f16(float f) { return (float)(_Float16)f; }
 
-// NaN if either is NaN, else the first operand on ties (-0.0 vs 0.0), as eager
-template <typename T> static inline T kiln_maximum(T a, T b) { return (a != a) ? a : ((b != b) ? b : (b > a ? b : a)); }
-template <typename T> static inline T kiln_minimum(T a, T b) { return (a != a) ? a : ((b != b) ? b : (b < a ? b : a)); }
+// NaN if either is NaN, else the first operand on ties (-0.0 vs 0.0), as eager. The comparison
+// is made whatever the operands: one made only for numbers may trap, and g++ then keeps the
+// loop scalar.
+template <typename T> static inline T kiln_maximum(T a, T b) {
+  T larger = b > a ? b : a;
+  return (a != a) ? a : ((b != b) ? b : larger);
+}
+template <typename T> static inline T kiln_minimum(T a, T b) {
+  T smaller = b < a ? b : a;
+  return (a != a) ? a : ((b != b) ? b : smaller);
+}
 
 // Integer division as eager computes it. Divisors 0 and -1 never reach a division: by 0 it
 // traps (the host raises; the kernel's result is 0), and the smallest int64 by -1 overflows

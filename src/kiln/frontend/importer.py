@@ -35,6 +35,8 @@ _HIGHER_ORDER = ("higher-order ops (scans, loops, conditionals) run in ATen unti
 _EFFECTFUL = "has side effects (an assert, a print, a mutation, a random draw, a wait): runs in ATen"
 _INPUT_UPDATE = "an update of a graph input: its kernel writes it in place where that is safe"
 _VENDOR = "runs in ATen by design: vendor BLAS/DNN kernels win here"
+_SCATTER_ADD = ("runs in ATen by design: a sum into rows named by indices that repeat, which ATen's "
+                "kernel sorts and adds row by row; kiln's kernels add without atomics")
 _COLLECTIVE = "a collective or its wait: runs in the communication library (c10d), in program order"
 EXTERN_BY_DESIGN = {op: _VENDOR for op in (
     aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
@@ -42,6 +44,7 @@ EXTERN_BY_DESIGN = {op: _VENDOR for op in (
     aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_cudnn_attention.default, aten.scaled_dot_product_attention.default,
 )}
+EXTERN_BY_DESIGN[aten.embedding_dense_backward.default] = _SCATTER_ADD
 # a random op's seed is drawn by torch's generator, so that torch.manual_seed repeats a run
 EXTERN_BY_DESIGN[SEED_OP] = EXTERN_BY_DESIGN[SEEDS_OP] = \
     "the seed of in-kernel random numbers is drawn from torch's generator"
