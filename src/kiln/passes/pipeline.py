@@ -1,6 +1,8 @@
 """kiln's compiler, one ordered list of passes. Read this file first.
 
     attention   matmul + scale + causal mask + softmax + matmul -> one fused attention call
+    align       on a GPU, a matmul with a leading dimension off 16 bytes -> padded operands,
+                product sliced back (where the cost model says the copies pay)
     addmm       a launch-bound addmm -> mm + a bias add that fuses (where the backend asks)
     import      FX graph of ATen ops -> tensor graph (unlowered ops become ATen calls)
     simplify    DCE + CSE (by rebuilding), constant folding, algebraic identities
@@ -45,6 +47,7 @@ from kiln.codegen.backends import Backend
 from kiln.frontend.addmm import split_launch_bound_addmm
 from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
+from kiln.frontend.matmul_alignment import align_matmuls
 from kiln.ir.checks import ERROR_PARAM
 from kiln.ir.host import HostProgram
 from kiln.ir.kernel import Kernel, kernel_str, size_params
@@ -163,6 +166,9 @@ def _compile_graph(
     report = CompileReport(backend=backend.name)
     with _Timer(report, "attention") as t:
         t.summary = f"{rewrite_attention(gm)} written-out attentions fused"
+    with _Timer(report, "align") as t:
+        aligned = align_matmuls(gm, _gpu_ceilings(example_inputs))
+        t.summary = f"{aligned} matmuls on operands padded to 16-byte rows"
     if backend.split_small_addmm:
         with _Timer(report, "addmm") as t:
             t.summary = f"{split_launch_bound_addmm(gm)} launch-bound addmm split into mm + bias"
