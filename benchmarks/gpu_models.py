@@ -71,7 +71,7 @@ def run(name: str, batch: int, variants: list[str], calls: int, profile: bool = 
             call(x)
         ms = _timed(call, x, calls)
         if profile:
-            print_profile(f"{name} {variant}", lambda: call(x), top=25)
+            print_profile(f"{name} {variant}", lambda: call(x), top=None)
         reference = out if reference is None else reference
         rows.append({"model": name, "variant": variant, "ms": ms, "first_s": first,
                      "peak_gib": torch.cuda.max_memory_allocated() / 2**30,

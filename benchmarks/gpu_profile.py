@@ -24,8 +24,8 @@ def name_kernels_by_graph() -> None:
     pipeline._name_by_content = unique_names
 
 
-def print_profile(variant: str, step, top: int = 45) -> None:
-    """GPU time per kernel name over two calls of step, largest first."""
+def print_profile(variant: str, step, top: int | None = 45) -> None:
+    """GPU time per kernel name over two calls of step, largest first (top None: all)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -117,7 +117,7 @@ def run(variant: str, base, shape, device: str, dtype, steps: int, profile: bool
     if profile and device == "cuda":
         from benchmarks.gpu_profile import print_profile
 
-        print_profile(variant, lambda: (step(), clear()), top=30)
+        print_profile(variant, lambda: (step(), clear()), top=None)
     predicted = [p for p in [step_peak(reports)] if p is not None] if variant == "kiln" else []
     return {"loss": loss, "step": per_step, "peak": peak, "predicted": predicted}
 
@@ -132,6 +132,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="", help="autocast dtype (default: bfloat16 on CUDA, none on CPU)")
     parser.add_argument("--explain", action="store_true", help="print kiln's analysis of the peak")
     parser.add_argument("--profile", action="store_true", help="print GPU time per kernel (CUDA)")
+    parser.add_argument("--explain-dir", default="", help="write kiln's account of each graph to this folder")
     parser.add_argument("--no-arena", action="store_true",
                         help="plan kiln's temporaries as on CUDA (slots in the first temporary's memory, no "
                              "arena kept across calls), to measure that plan on the CPU")
@@ -158,6 +159,10 @@ def main() -> int:
                     print(p.text())
                 else:
                     print(f"{'':16} kiln's analysis: peak {p.nbytes / 2**20:.2f} MiB in the {p.program}")
+    if args.explain_dir:
+        from benchmarks.gpu_profile import write_explain
+
+        write_explain(args.explain_dir)
     return 0
 
 
