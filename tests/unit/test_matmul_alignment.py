@@ -94,3 +94,18 @@ def test_compiled_training_step_with_padded_matmuls_matches_eager(monkeypatch):
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want)
         assert got.stride() == want.stride()
+
+
+def test_one_pad_for_every_view_of_a_tensor_alike():
+    """A backward views a gradient once per reader; views alike share one padded copy."""
+    def backward(g, w, x):
+        return g.view(64, 30) @ w, g.view(64, 30).t() @ x
+
+    args = torch.randn(2, 32, 30), torch.randn(30, 16), torch.randn(64, 16)
+    gm = traced(backward, *args)
+    assert len(calls(gm, aten.view.default)) == 2
+    assert align_matmuls(gm, SLOW_MATMULS, devices=("cpu",)) == 2
+    for got, want in zip(gm(*args), backward(*args)):
+        torch.testing.assert_close(got, want)
+    pads = calls(gm, aten.constant_pad_nd.default)
+    assert len(pads) == 2, pads  # g once, w once

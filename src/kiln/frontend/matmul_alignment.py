@@ -12,8 +12,9 @@ kernels, which fuses into the kernel producing the operand (a weight's bf16 cast
 padded copy); an operand that is a graph input (a parameter, a saved tensor) is copied, and a
 product the graph returns with its columns cut is copied back to eager's contiguous layout.
 A matmul is padded only where the cost model predicts that those copies cost less than the
-time the misaligned kernels lose, which is taken as the aligned product's own time. A tensor padded for two
-matmuls (a gradient read as it is and transposed) is padded once.
+time the misaligned kernels lose, which is taken as the aligned product's own time. A tensor
+padded for two matmuls (a gradient read as it is and transposed, or viewed alike twice) is
+padded once.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class _Pads:
         if source is not None:
             padded = self(source, cols, rows, before)
             return self._node(before, aten.t.default, (padded,), node)
-        key = (node, rows, cols)
+        key = (_structure(node), rows, cols)
         if key not in self.made:
             after = node if node.op != "placeholder" else _last_placeholder(self.gm)
             with self.gm.graph.inserting_after(after):
@@ -127,6 +128,14 @@ class _Pads:
         made.meta["val"] = target(*[a.meta["val"] if isinstance(a, fx.Node) else a for a in args], **kwargs)
         keep_origin(made, like)
         return made
+
+
+def _structure(node: fx.Node):
+    """A key equal for views alike of one tensor: AOTAutograd views a tensor once per reader."""
+    if node.op != "call_function" or node.target not in _VIEWS:
+        return node
+    rest = tuple(tuple(a) if isinstance(a, (list, tuple)) else a for a in node.args[1:])
+    return (node.target, _structure(node.args[0]), rest)
 
 
 def _transposed_source(node: fx.Node) -> fx.Node | None:
