@@ -164,13 +164,27 @@ def test_every_decision_has_a_reason():
 
 def test_a_value_many_kernels_recompute_from_many_tensors_is_stored_once():
     def f(a, b, c, w):
-        residual = a + b + c  # three reads, inlined into three consumers
-        return residual * 2, residual.exp().sum(-1), torch.tanh(residual) @ w
+        residual = a + b + c  # three reads, inlined into a kernel down columns and one along rows
+        return residual.sum(0), residual.exp().sum(-1), torch.tanh(residual) @ w
 
     args = [torch.randn(4, 8) for _ in range(3)] + [torch.randn(8, 8)]
     sched, _ = plan(f, *args)
     stored = [d for d in verdicts(sched, "stored") if "re-reading up to 3 tensors" in d.reason]
     assert len(stored) == 1 and "pointwise.add" in stored[0].node
+
+
+def test_consumers_over_one_domain_share_their_reads_and_recompute():
+    """A LayerNorm's statistics, its output and its cast for the next matmul are one kernel,
+    which reads the residual's inputs once: nothing is stored between them."""
+    def f(a, b, c, w):
+        residual = a + b + c
+        return residual * 2, residual.exp().sum(-1), torch.tanh(residual) @ w
+
+    args = [torch.randn(4, 8) for _ in range(3)] + [torch.randn(8, 8)]
+    sched, _ = plan(f, *args)
+    assert not [d for d in verdicts(sched, "stored") if "re-reading" in d.reason]
+    kernels = kernel_plans(sched)
+    assert len(kernels) == 1 and len(kernels[0].roots) == 3, kernels
 
 
 def test_a_shared_value_whose_consumers_read_its_inputs_anyway_is_recomputed():

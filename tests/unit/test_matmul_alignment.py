@@ -91,6 +91,10 @@ def test_compiled_training_step_with_padded_matmuls_matches_eager(monkeypatch):
         head.weight.grad = head.bias.grad = None
     aligned = [p.summary.split()[0] for r in REPORTS[before:] for p in r.passes if p.name == "align"]
     assert aligned == ["1", "2"], aligned  # the forward's product; the backward's two
+    # the padded logits' gradient is one buffer, read as it is by one matmul, transposed by the other
+    transposed = [d for r in REPORTS[before:] for d in r.decisions
+                  if d.verdict == "alias" and d.reason.startswith("a transpose of")]
+    assert len(transposed) == 1, transposed
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want)
         assert got.stride() == want.stride()

@@ -9,6 +9,7 @@ another merge into one (horizontal fusion). Every choice is a Decision with a re
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -114,6 +115,35 @@ def _store_base_of_view(n: Node, stored: dict[Node, str], aliases: dict[Node, Al
     return True
 
 
+def _transpose_of_stored_view(n: Node, stored: dict[Node, str], layouts) -> Alias | None:
+    """n as a strided view of a stored view of the same source that n permutes (a padded
+    operand of one matmul and its transpose read by another): one buffer serves both."""
+    if n.op is not Op.VIEW or len(n.shape) > 4:
+        return None
+    index_map, valid, fill = n.attrs
+    mine = dim_syms(n.shape)
+    for other in stored:
+        if (other.op is not Op.VIEW or other is n or other.inputs[0] is not n.inputs[0]
+                or other.dtype != n.dtype or other.attrs[2] != fill or len(other.shape) != len(n.shape)):
+            continue
+        theirs = dim_syms(other.shape)
+        for order in itertools.permutations(range(len(n.shape))):
+            if any(other.shape[order[a]] != n.shape[a] for a in range(len(order))):
+                continue
+            rename = {theirs[order[a]]: ix.as_expr(mine[a]) for a in range(len(order))}
+            renamed_map = [ix.substitute(ix.as_expr(e), rename) for e in other.attrs[0]]
+            renamed_valid = {(ix.substitute(ix.as_expr(e), rename), k) for e, k in other.attrs[1]}
+            if renamed_map != [ix.as_expr(e) for e in index_map]:
+                continue
+            if renamed_valid != {(ix.as_expr(e), k) for e, k in valid}:
+                continue
+            stride = layouts(other)
+            if stride is None:
+                return None
+            return Alias(other, n.shape, tuple(stride[order[a]] for a in range(len(order))), 0)
+    return None
+
+
 def reductions_below(root: Node, stored, nested: bool = False) -> list[Node]:
     """Reductions an expression computes (not crossing stored tensors), in graph order;
     with nested, also those inside other reductions' inputs."""
@@ -167,12 +197,15 @@ def _domain(root: Node, stored: dict[Node, str]) -> tuple[tuple[int, ...], tuple
 
 def _same_domain(step: KernelPlan, iter_shape: tuple[int, ...], axes: tuple[int, ...]) -> bool:
     """A value iterating (iter_shape, axes) can join step's kernel: its domain is step's, or
-    it is element-wise over the elements of step's rows, which a row kernel that stores
-    element-wise values visits anyway."""
+    one of the two is element-wise over the elements of the other's rows, which a row kernel
+    visits anyway (the joined kernel then iterates rows)."""
     if step.iter_shape != iter_shape:
         return False
     if step.axes == axes:
         return True
+    last = (len(iter_shape) - 1,)
+    if (not axes and step.axes == last) or (not step.axes and axes == last):
+        return True  # a row kernel visits every element: element-wise values join it
     return not axes and any(r.op is not Op.REDUCE and r.shape == iter_shape for r in step.roots)
 
 
@@ -187,6 +220,9 @@ def _eager_stride(graph: Graph, node: Node) -> tuple[int, ...] | None:
             return stride
     return None
 
+
+# Why a value is stored that no kernel may recompute, not even the one that stores it.
+READ_AS_STORED = "compared with a max or min of itself: stored once, so that every kernel reads the same bits"
 
 def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alias], list[Decision]]:
     """The nodes that must be buffers whatever the fusion: inputs, extern results, outputs,
@@ -207,8 +243,7 @@ def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alia
         elif o in aliases:
             decisions.append(Decision(_label(o), "alias", "output is a strided view of a stored tensor"))
     for n in _compared_with_own_extreme(graph):
-        stored.setdefault(n, "compared with a max or min of itself: stored once, so that every "
-                             "kernel reads the same bits")
+        stored.setdefault(n, READ_AS_STORED)
     for n in graph.nodes:
         if n.op is not Op.EXTERN:
             continue
@@ -217,6 +252,10 @@ def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alia
                 continue
             if _store_base_of_view(i, stored, aliases, layouts):
                 why = f"strided view of a buffer passed to {n.attrs[0]}"
+                decisions.append(Decision(_label(i), "alias", why))
+            elif (transposed := _transpose_of_stored_view(i, stored, layouts)) is not None:
+                aliases[i] = transposed
+                why = f"a transpose of %{transposed.base.id}, passed to {n.attrs[0]} without a copy"
                 decisions.append(Decision(_label(i), "alias", why))
             else:
                 stored[i] = f"argument of ATen call {n.attrs[0]}"
@@ -269,9 +308,11 @@ def _store_widely_read(graph: Graph, users: dict[Node, list[Node]], stored: dict
     """Store such values where that moves fewer bytes; returns them. Recomputing costs each
     consuming kernel the reads it would not do anyway (a LayerNorm gradient's kernel reads
     the same tensors its inlined values read: for it recomputing is free); storing costs a
-    write and one read per consumer. Values are weighed last to first: a value stored
-    downstream (the residual gradient after a LayerNorm's) is then the one kernel that
-    recomputes the values above it (the LayerNorm's input gradient), which stay inlined."""
+    write and one read per consumer. Consumers over one domain count as one kernel, as the
+    scheduler merges them (a LayerNorm's output and the statistics saved for its backward).
+    Values are weighed last to first: a value stored downstream (the residual gradient after
+    a LayerNorm's) is then the one kernel that recomputes the values above it (the
+    LayerNorm's input gradient), which stay inlined."""
     reads: dict[Node, frozenset] = {}
     for n in graph.nodes:
         reads[n] = (
@@ -282,13 +323,14 @@ def _store_widely_read(graph: Graph, users: dict[Node, list[Node]], stored: dict
             else frozenset()
         )
     chosen: set[Node] = set()
+    order = {n: k for k, n in enumerate(graph.nodes)}
     for n in reversed(graph.nodes):
         if n in stored or n.op not in (Op.POINTWISE, Op.GATHER) or len(reads[n]) < RECOMPUTE_READ_LIMIT:
             continue
-        kernels = _consuming_kernels(n, users, stored)
+        kernels = _reads_by_domain(_consuming_kernels(n, users, stored), n, stored, order)
         if len(kernels) < 2:
             continue
-        recompute = sum(_nbytes(t) for root in kernels for t in reads[n] - _reads_besides(root, n, stored))
+        recompute = sum(_nbytes(t) for besides in kernels for t in reads[n] - besides)
         if recompute > _nbytes(n) * (1 + len(kernels)):
             stored[n] = (
                 f"inlined into {len(kernels)} kernels, each re-reading up to {len(reads[n])} "
@@ -296,6 +338,28 @@ def _store_widely_read(graph: Graph, users: dict[Node, list[Node]], stored: dict
             )
             chosen.add(n)
     return chosen
+
+
+def _reads_by_domain(roots: list[Node], n: Node, stored, order: dict[Node, int]) -> list[set[Node]]:
+    """What the kernels of roots read besides n, one set per kernel the scheduler would merge
+    them into (as schedule does): a kernel over the same domain (a row kernel's, for an
+    element-wise root) that computes or comes after every buffer the joining root reads."""
+    domains = [_domain(root, stored) for root in roots]
+    rows = {shape: (shape, axes) for shape, axes in domains if axes}
+    kernels: list[tuple[tuple, list[Node], set[Node]]] = []  # (domain, roots, reads besides n)
+    for root, (shape, axes) in sorted(zip(roots, domains), key=lambda t: order[t[0]]):
+        domain = (shape, axes) if axes else rows.get(shape, (shape, axes))
+        needs = _required_buffers(KernelPlan([root], shape, axes), stored)
+        besides = _reads_besides(root, n, stored)
+        for d, members, reads in kernels:
+            if d == domain and all(order[b] < order[members[0]] or (b in members and b.op is not Op.REDUCE)
+                                   for b in needs):
+                members.append(root)
+                reads |= besides
+                break
+        else:
+            kernels.append((domain, [root], besides))
+    return [reads for _, _, reads in kernels]
 
 
 def _store_broadcast_math(graph: Graph, users: dict[Node, list[Node]], stored: dict[Node, str],
@@ -444,7 +508,7 @@ def schedule(
             ):
                 continue
             # what the kernel stores element-wise it can also recompute for n
-            recomputable = {r for r in step.roots if r.op is not Op.REDUCE}
+            recomputable = {r for r in step.roots if r.op is not Op.REDUCE and stored[r] != READ_AS_STORED}
             related = (merge_unrelated_points is None or _points(iter_shape) <= merge_unrelated_points
                        or bool(need & (buffers[k] | set(step.roots))))
             if (
@@ -453,6 +517,7 @@ def schedule(
                 and len(buffers[k] | need) + len(step.roots) < KERNEL_BUFFER_LIMIT
             ):
                 step.roots.append(n)
+                step.axes = step.axes or axes
                 buffers[k] |= need
                 decisions.append(
                     Decision(
