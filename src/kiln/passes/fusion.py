@@ -224,6 +224,7 @@ def _eager_stride(graph: Graph, node: Node) -> tuple[int, ...] | None:
 # Why a value is stored that no kernel may recompute, not even the one that stores it.
 READ_AS_STORED = "compared with a max or min of itself: stored once, so that every kernel reads the same bits"
 
+
 def plan_stores(graph: Graph, layouts) -> tuple[dict[Node, str], dict[Node, Alias], list[Decision]]:
     """The nodes that must be buffers whatever the fusion: inputs, extern results, outputs,
     and extern arguments (unless an existing buffer can be viewed as one)."""
