@@ -106,6 +106,51 @@ def test_a_transposing_kernel_walks_tiles_and_matches_eager_at_odd_sizes():
             torch.testing.assert_close(actual, expected)
 
 
+def test_a_transposed_load_is_copied_tile_by_tile_in_every_dtype():
+    # read in place, the 16 lines of a tile evicted each other at power-of-two strides, and
+    # the vector loop gathered one element per line: a [2048, 1024] float transpose ran at a
+    # fifth of Inductor's speed
+    import kiln
+
+    def f(x):
+        return x.t().contiguous() + 1
+
+    _, (kernel,) = plan(f, torch.randn(64, 48))
+    assert "kiln_transpose_tile(" in cpp.render_kernel(kernel), cpp.render_kernel(kernel)
+    _, (whole,) = plan(f, torch.randn(64, 48))
+    assert "std::min" not in cpp.render_kernel(whole), cpp.render_kernel(whole)  # no edge tiles
+    torch._dynamo.reset()
+    compiled = kiln.compile(f)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int16, torch.int64,
+                  torch.float64):
+        for shape in [(16, 16), (37, 50), (64, 48), (17, 1000)]:
+            x = (torch.randn(shape) * 100).to(dtype)
+            torch.testing.assert_close(compiled(x), f(x))
+            torch.testing.assert_close(compiled(x[3:, 1:]), f(x[3:, 1:]))  # a tile's corner off the start
+
+
+def test_outer_loops_an_index_walks_as_one_are_merged():
+    # NCHW -> NHWC over 7x7 images: H and W walked apart, every tile along W was an edge tile
+    import kiln
+
+    def to_nhwc(x):
+        return x.permute(0, 2, 3, 1).contiguous()
+
+    _, (kernel,) = plan(to_nhwc, torch.randn(2, 32, 7, 7))
+    source = cpp.render_kernel(kernel)
+    assert "< 49;" in source and "< 7;" not in source, source
+    _, (bias,) = plan(lambda x, b: x + b, torch.randn(2, 3, 5, 7), torch.randn(3, 1, 1))
+    assert "< 35;" in cpp.render_kernel(bias), cpp.render_kernel(bias)
+    _, (rows,) = plan(lambda x, b: x + b, torch.randn(2, 3, 5, 7), torch.randn(5, 1))
+    assert "< 35;" not in cpp.render_kernel(rows), cpp.render_kernel(rows)  # b steps along H only
+    torch._dynamo.reset()
+    for shape in [(2, 32, 7, 7), (3, 17, 5, 9), (1, 64, 56, 56)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(kiln.compile(to_nhwc)(x), to_nhwc(x))
+        b, c = torch.randn(shape[1], 1, 1), torch.randn(shape[2], 1)
+        torch.testing.assert_close(kiln.compile(lambda x, b, c: x + b + c)(x, b, c), x + b + c)
+
+
 def test_an_argmax_finds_the_extreme_vectorized_then_its_first_position():
     # a sequential first-index loop over the row is scalar;
     # values from a math-library call stay sequential: a scalar loop recomputing them may differ

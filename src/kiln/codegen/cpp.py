@@ -13,7 +13,7 @@ import torch
 
 from kiln.codegen import base
 from kiln.codegen.cpp_hoisting import computing, line_invariant, loop_invariant, row_invariant, values_of
-from kiln.codegen.cpp_loops import split_at_divisors
+from kiln.codegen.cpp_loops import merge_contiguous, split_at_divisors
 from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
 from kiln.ir.index import Expr, Sym
@@ -243,6 +243,7 @@ class _Renderer:
         self.block_partial: dict[str, str] = {}  # a sum's accumulator -> its block partial, in a block
         self.hoisted: set[int] = set()  # statements (by id) emitted before the loops they belong to
         self.per_row: dict[int, list[k.Stmt]] = {}  # a loop stage (by id) -> its row-invariant statements
+        self.staged: dict[int, str] = {}  # a transposed load (by id) -> the tile element it reads instead
 
     def emit(self, depth: int, text: str, checks: set[int] | None = None) -> None:
         """checks: the error sites a loop's pragma reduces (default: every one, since any
@@ -256,7 +257,7 @@ class _Renderer:
     def stmt(self, s: k.Stmt, depth: int) -> None:
         if isinstance(s, k.Load):
             t = compute_dtype(s.dtype)
-            value = f"{s.buf}[{render_index(s.index)}]"
+            value = self.staged.get(id(s)) or f"{s.buf}[{render_index(s.index)}]"
             if s.dtype is torch.bfloat16:
                 value = f"kiln_from_bf16({value})"
             elif s.dtype is torch.float16:
@@ -611,6 +612,23 @@ class _Renderer:
         self.emit(0, "}")
         return "\n".join(self.lines)
 
+    def stage_tiles(self, xj: Sym, xi: Sym, ends, depth: int) -> None:
+        """Copies each transposed load's tile into a local array, reading the buffer's lines
+        whole, so that the tile's loop reads it contiguously. ends(sym): where the tile stops
+        (None: a whole tile)."""
+        for s in _transposed_loads(self.k, xj, xi):
+            tile = f"tile_{s.out}"
+            self.staged[id(s)] = f"{tile}[{xj.name} - {xj.name}b][{xi.name} - {xi.name}b]"
+            rest = Expr(tuple(t for t in s.index.terms if t[0] not in (xj, xi)), s.index.const)
+            stride = sc(s.index.coef(xi))
+            corner = f"{xj.name}b + {stride} * {xi.name}b"
+            if rest != Expr():
+                corner += f" + {render_index(rest)}"
+            self.emit(depth, f"alignas(64) {STORAGE_TYPE[s.dtype]} {tile}[{TILE}][{TILE}];")
+            rows, cols = (f"{ends(sym)} - {sym.name}b" if ends else str(TILE) for sym in (xi, xj))
+            self.emit(depth, f"kiln_transpose_tile({s.buf} + {corner}, {stride}, &{tile}[0][0], "
+                             f"{rows}, {cols});")
+
     def render(self) -> str:
         kern = self.k
         if k.column_reduction(kern):
@@ -640,58 +658,99 @@ class _Renderer:
         line_loops: list[tuple] = []
         simd_loop = (simd_outer[0].name, "0", sc(simd_outer[0].extent)) if simd_outer else None
         tiled = _transpose_tile(kern) if pointwise else None
+        # (condition, loops over a tile's lines, the SIMD loop, tile ends) for each variant of the
+        # body: a transposing kernel runs whole tiles with constant trip counts, which the C++
+        # compiler unrolls, and edge tiles with the remaining ones
+        variants = [("", line_loops, simd_loop, None)]
         if tiled is not None:  # a transposing kernel walks tiles: both sides' lines stay in L1
             xj, xi = tiled, simd_outer[0]
-
-            def tile_end(sym: Sym) -> str:
-                return f"std::min<int64_t>({sym.name}b + {TILE}, {sc(sym.extent)})"
-
             par_loops = [loop for loop in par_loops if loop[0] != xj.name]
             par_loops += [(f"{sym.name}b", "0", sc(sym.extent), TILE) for sym in (xj, xi)]
-            line_loops = [(xj.name, f"{xj.name}b", tile_end(xj), 1)]
-            simd_loop = (xi.name, f"{xi.name}b", tile_end(xi))
+
+            def whole(sym: Sym) -> str:
+                return f"{sym.name}b + {TILE}"
+
+            def edge(sym: Sym) -> str:
+                return f"std::min<int64_t>({sym.name}b + {TILE}, {sc(sym.extent)})"
+
+            variants = [(f"{whole(xj)} <= {sc(xj.extent)} && {whole(xi)} <= {sc(xi.extent)}", whole)]
+            if not all(isinstance(sym.extent, int) and sym.extent % TILE == 0 for sym in (xj, xi)):
+                variants.append(("", edge))
+            variants = [(cond, [(xj.name, f"{xj.name}b", ends(xj), 1)], (xi.name, f"{xi.name}b", ends(xi)),
+                         None if ends is whole else ends) for cond, ends in variants]
         depth = 1
         if parallel and par_loops:
             collapse = f" collapse({len(par_loops)})" if len(par_loops) > 1 else ""
             self.emit(depth, f"#pragma omp parallel for{collapse}")
         elif parallel and simd_outer:
             self.emit(depth, "#pragma omp parallel for simd")
-        for name, start, stop, step in par_loops + line_loops:
+        for name, start, stop, step in par_loops:
             increment = f"++{name}" if step == 1 else f"{name} += {step}"
             self.emit(depth, f"for (int64_t {name} = {start}; {name} < {stop}; {increment}) {{")
             depth += 1
         # a line's (or a row's) own values once, before the loop along it (or the row's stages)
         along = {simd_outer[0]} if simd_outer and par_dims else set(kern.reduce) if kern.reduce else None
-        if along:
-            per_line = line_invariant(kern, along) - hoisted
+        per_line = line_invariant(kern, along) - hoisted if along else set()
+        hoisted = hoisted | per_line
+        self.per_row = row_invariant(kern, values_of(kern, hoisted)) if kern.reduce else {}
+        self.hoisted = hoisted | {id(s) for stmts in self.per_row.values() for s in stmts}
+        for n, (cond, line_loops, simd_loop, ends) in enumerate(variants):
+            if len(variants) > 1:
+                self.emit(depth, f"if ({cond}) {{" if cond else "} else {")
+            inner = depth + (len(variants) > 1)
+            if tiled is not None:
+                self.stage_tiles(xj, xi, ends, inner)
+            for name, start, stop, _ in line_loops:
+                self.emit(inner, f"for (int64_t {name} = {start}; {name} < {stop}; ++{name}) {{")
+                inner += 1
             for stage in kern.stages:
                 for s in stage.body:
                     if id(s) in per_line:
-                        self.stmt(s, depth)
-            hoisted = hoisted | per_line
-        self.per_row = row_invariant(kern, values_of(kern, hoisted)) if kern.reduce else {}
-        self.hoisted = hoisted | {id(s) for stmts in self.per_row.values() for s in stmts}
-        if simd_loop:
-            if par_dims or not parallel:
-                self.emit(depth, "#pragma omp simd", self.checks_inside())
-            name, start, stop = simd_loop
-            self.emit(depth, f"for (int64_t {name} = {start}; {name} < {stop}; ++{name}) {{")
-            depth += 1
-        for scratch in kern.scratch:
-            self.emit(depth, f"alignas(64) {ctype(scratch.dtype)} {scratch.name}[{sc(kern.reduce_numel)}];")
-        for stage in kern.stages:
-            if stage.loop and kern.reduce:
-                self.loop_stage(stage, depth)
-            else:
-                for s in stage.body:
-                    if id(s) not in hoisted:
-                        self.stmt(s, depth)
-        for _ in range(len(par_loops) + len(line_loops) + (simd_loop is not None)):
+                        self.stmt(s, inner)
+            if simd_loop:
+                if par_dims or not parallel:
+                    self.emit(inner, "#pragma omp simd", self.checks_inside())
+                name, start, stop = simd_loop
+                self.emit(inner, f"for (int64_t {name} = {start}; {name} < {stop}; ++{name}) {{")
+                inner += 1
+            for scratch in kern.scratch:
+                row = sc(kern.reduce_numel)
+                self.emit(inner, f"alignas(64) {ctype(scratch.dtype)} {scratch.name}[{row}];")
+            for stage in kern.stages:
+                if stage.loop and kern.reduce:
+                    self.loop_stage(stage, inner)
+                else:
+                    for s in stage.body:
+                        if id(s) not in hoisted:
+                            self.stmt(s, inner)
+            for _ in range(len(line_loops) + (simd_loop is not None)):
+                inner -= 1
+                self.emit(inner, "}")
+        if len(variants) > 1:
+            self.emit(depth, "}")
+        for _ in par_loops:
             depth -= 1
             self.emit(depth, "}")
         self.report_errors()
         self.emit(0, "}")
         return "\n".join(self.lines)
+
+
+def _transposed_loads(kernel: k.Kernel, xj: Sym, xi: Sym) -> list[k.Load]:
+    """The loads of a tiled kernel that step along its lines (xj) and jump along its
+    innermost loop (xi), affine in both: read in place, each of a tile's lines of such a buffer
+    is touched at every step of the innermost loop."""
+    rows = {sc.name for sc in kernel.scratch}
+    loops = set(kernel.outer)
+
+    def affine_in_tile(index: Expr) -> bool:
+        nested = set().union(*(a.arg.symbols() for a, _ in index.terms if not isinstance(a, Sym)))
+        return xj not in nested and xi not in nested
+
+    return [s for st in kernel.stages for s in st.body
+            if isinstance(s, k.Load) and s.buf not in rows and s.mask is None
+            and s.index.symbols() <= loops and affine_in_tile(s.index) and s.index.coef(xj) == 1
+            and (is_symbolic(s.index.coef(xi)) or s.index.coef(xi) not in (0, 1))]
 
 
 def _transpose_tile(kernel: k.Kernel) -> Sym | None:
@@ -754,4 +813,4 @@ def _finite_shift(m: str, t: torch.dtype) -> str:
 
 def render_kernel(kernel: k.Kernel) -> str:
     """The kernel as a C++ function; the build puts the prelude (cpp_prelude.h) before it."""
-    return _Renderer(split_at_divisors(kernel)).render()
+    return _Renderer(split_at_divisors(merge_contiguous(kernel))).render()

@@ -5,6 +5,9 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#endif
 
 // glibc's vector math library provides SIMD versions of these; declaring them lets the
 // compiler vectorize loops that call them without -ffast-math (which would break NaN/inf).
@@ -28,6 +31,67 @@ static inline uint16_t kiln_to_bf16(float f) {
 static inline float kiln_round_bf16(float f) { return kiln_from_bf16(kiln_to_bf16(f)); }
 static inline uint16_t kiln_bf16_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return (uint16_t)(u >> 16); }
 static inline float kiln_round_f16(float f) { return (float)(_Float16)f; }
+
+// A transposing kernel's tile: dst[j * 16 + i] = src[i * stride + j] for i < rows, j < cols.
+// Reading src's rows whole keeps its lines from evicting each other (power-of-two strides map
+// them to one cache set); the scattered writes land in a 1 KiB local array.
+template <typename T>
+static inline void kiln_transpose_tile(const T* src, int64_t stride, T* dst, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[j * 16 + i] = src[i * stride + j];
+}
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// A tile in registers: the scalar copy's scattered stores cost several times the copy.
+// Four rounds of shuffles: 2x2 blocks of 32-bit lanes, 4x4 blocks, then 128-bit lanes twice.
+static inline void kiln_transpose_16x16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+    __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+}
+// An edge tile's missing rows and columns are zeros in registers and never read.
+static inline void kiln_transpose_tile(const float* src, int64_t stride, float* dst, int64_t rows, int64_t cols) {
+  __m512 r[16];
+  const __mmask16 lanes = (__mmask16)((1u << cols) - 1u);
+  for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(lanes, src + i * stride) : _mm512_setzero_ps();
+  kiln_transpose_16x16(r);
+  for (int i = 0; i < 16; ++i) _mm512_store_ps(dst + i * 16, r[i]);
+}
+static inline void kiln_transpose_tile(const int32_t* src, int64_t stride, int32_t* dst, int64_t rows, int64_t cols) {
+  kiln_transpose_tile((const float*)src, stride, (float*)dst, rows, cols);
+}
+// bf16 and 16-bit integers, widened to 32-bit lanes and narrowed back.
+static inline void kiln_transpose_tile(const uint16_t* src, int64_t stride, uint16_t* dst, int64_t rows, int64_t cols) {
+  __m512 r[16];
+  const __mmask16 lanes = (__mmask16)((1u << cols) - 1u);
+  for (int i = 0; i < 16; ++i)
+    r[i] = i < rows ? _mm512_castsi512_ps(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, src + i * stride)))
+                    : _mm512_setzero_ps();
+  kiln_transpose_16x16(r);
+  for (int i = 0; i < 16; ++i) _mm256_store_si256((__m256i*)(dst + i * 16), _mm512_cvtepi32_epi16(_mm512_castps_si512(r[i])));
+}
+#endif
 
 // NaN if either is NaN, else the first operand on ties (-0.0 vs 0.0), as eager. The comparison
 // is made whatever the operands: one made only for numbers may trap, and g++ then keeps the
