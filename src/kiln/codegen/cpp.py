@@ -244,6 +244,8 @@ class _Renderer:
         self.hoisted: set[int] = set()  # statements (by id) emitted before the loops they belong to
         self.per_row: dict[int, list[k.Stmt]] = {}  # a loop stage (by id) -> its row-invariant statements
         self.staged: dict[int, str] = {}  # a transposed load (by id) -> the tile element it reads instead
+        self.in_bounds: set[int] = set()  # bounds checks (by id) known to hold in the loop being emitted
+        self.simd_pragma = True  # whether the loop along a line has a SIMD pragma of its own
 
     def emit(self, depth: int, text: str, checks: set[int] | None = None) -> None:
         """checks: the error sites a loop's pragma reduces (default: every one, since any
@@ -276,6 +278,9 @@ class _Renderer:
         elif isinstance(s, k.IndexValue):
             self.types[s.out] = torch.int64
             self.emit(depth, f"int64_t {s.out} = {render_index(s.index)};")
+        elif isinstance(s, k.InBounds) and id(s) in self.in_bounds:
+            self.types[s.out] = torch.bool
+            self.emit(depth, f"const bool {s.out} = true;")
         elif isinstance(s, k.InBounds):
             self.types[s.out] = torch.bool
             idx = render_index(s.index)
@@ -629,6 +634,101 @@ class _Renderer:
             self.emit(depth, f"kiln_transpose_tile({s.buf} + {corner}, {stride}, &{tile}[0][0], "
                              f"{rows}, {cols});")
 
+    def line(self, line_loops: list[tuple], simd_loop: tuple | None, per_line: set[int] | None,
+             depth: int) -> None:
+        """The loops inside the parallel ones (over a tile's lines, then along a line) and the
+        body. per_line: the line's own statements, emitted before the loop along it (None:
+        emitted already)."""
+        kern = self.k
+        for name, start, stop in line_loops:
+            self.emit(depth, f"for (int64_t {name} = {start}; {name} < {stop}; ++{name}) {{")
+            depth += 1
+        for stage in kern.stages if per_line else ():
+            for s in stage.body:
+                if id(s) in per_line:
+                    self.stmt(s, depth)
+        if simd_loop:
+            if self.simd_pragma:
+                self.emit(depth, "#pragma omp simd", self.checks_inside())
+            name, start, stop = simd_loop
+            self.emit(depth, f"for (int64_t {name} = {start}; {name} < {stop}; ++{name}) {{")
+            depth += 1
+        for scratch in kern.scratch:
+            row = sc(kern.reduce_numel)
+            self.emit(depth, f"alignas(64) {ctype(scratch.dtype)} {scratch.name}[{row}];")
+        for stage in kern.stages:
+            if stage.loop and kern.reduce:
+                self.loop_stage(stage, depth)
+            else:
+                for s in stage.body:
+                    if id(s) not in self.hoisted:
+                        self.stmt(s, depth)
+        for _ in range(len(line_loops) + (simd_loop is not None)):
+            depth -= 1
+            self.emit(depth, "}")
+
+    def tiles(self, xj: Sym, xi: Sym, per_line: set[int], depth: int) -> None:
+        """A tile of a transposing kernel: whole tiles with constant trip counts, which the C++
+        compiler unrolls, and edge tiles with the remaining ones."""
+        def whole(sym: Sym) -> str:
+            return f"{sym.name}b + {TILE}"
+
+        def edge(sym: Sym) -> str:
+            return f"std::min<int64_t>({sym.name}b + {TILE}, {sc(sym.extent)})"
+
+        both = all(isinstance(sym.extent, int) and sym.extent % TILE == 0 for sym in (xj, xi))
+        for ends in (whole,) if both else (whole, edge):
+            if not both:
+                cond = f"{whole(xj)} <= {sc(xj.extent)} && {whole(xi)} <= {sc(xi.extent)}"
+                self.emit(depth, f"if ({cond}) {{" if ends is whole else "} else {")
+            inner = depth + (not both)
+            self.stage_tiles(xj, xi, None if ends is whole else ends, inner)
+            lines, along = (xj.name, f"{xj.name}b", ends(xj)), (xi.name, f"{xi.name}b", ends(xi))
+            self.line([lines], along, per_line, inner)
+        if not both:
+            self.emit(depth, "}")
+
+    def peeled(self, simd_loop: tuple, peel: tuple, per_line: set[int], depth: int) -> None:
+        """A line whose bounds checks along it hold on a middle range of it (a padded window's
+        reads): that range runs without them, which lets the C++ compiler vectorize its loads;
+        its ends, and lines whose own checks fail, run as written."""
+        line_masks, along = peel
+        for stage in self.k.stages:
+            for s in stage.body:
+                if id(s) in per_line:
+                    self.stmt(s, depth)
+        name, start, stop = simd_loop
+        inner = depth
+        if line_masks:
+            self.emit(depth, f"if ({' && '.join(line_masks)}) {{")
+            inner += 1
+            # true throughout this branch: the loops below read them as constants
+            self.emit(inner, "const bool " + ", ".join(f"{m} = true" for m in line_masks) + ";")
+        def number(v):  # a literal's value, else the expression's text
+            return int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v
+
+        firsts = [number(start)] + [first for _, first, _ in along]
+        ends = [number(stop)] + [end for _, _, end in along]
+        if all(isinstance(v, int) for v in firsts + ends):
+            lo = min(ends[0], max(firsts))
+            lo, hi = str(lo), str(max(lo, min(ends)))
+        else:
+            lo, hi = f"{name}_lo", f"{name}_hi"
+            self.emit(inner, f"const int64_t {lo} = std::min<int64_t>({stop}, "
+                             f"std::max<int64_t>({{{', '.join(map(str, firsts))}}}));")
+            self.emit(inner, f"const int64_t {hi} = std::max<int64_t>({lo}, "
+                             f"std::min<int64_t>({{{', '.join(map(str, ends))}}}));")
+        for first, end, checked in ((start, lo, True), (lo, hi, False), (hi, stop, True)):
+            if first == end:  # known empty
+                continue
+            self.in_bounds = set() if checked else {id(s) for s, _, _ in along}
+            self.line([], (name, first, end), None, inner)
+        self.in_bounds = set()
+        if line_masks:
+            self.emit(depth, "} else {")
+            self.line([], simd_loop, None, inner)
+            self.emit(depth, "}")
+
     def render(self) -> str:
         kern = self.k
         if k.column_reduction(kern):
@@ -653,31 +753,13 @@ class _Renderer:
         pointwise = not kern.reduce
         simd_outer = outer[-1:] if pointwise and outer else []
         par_dims = outer[:-1] if simd_outer else outer
-        # loops as (variable, start, stop, step): the parallel ones, then one over a tile's lines
+        # the parallel loops as (variable, start, stop, step)
         par_loops = [(sym.name, "0", sc(sym.extent), 1) for sym in par_dims]
-        line_loops: list[tuple] = []
         simd_loop = (simd_outer[0].name, "0", sc(simd_outer[0].extent)) if simd_outer else None
         tiled = _transpose_tile(kern) if pointwise else None
-        # (condition, loops over a tile's lines, the SIMD loop, tile ends) for each variant of the
-        # body: a transposing kernel runs whole tiles with constant trip counts, which the C++
-        # compiler unrolls, and edge tiles with the remaining ones
-        variants = [("", line_loops, simd_loop, None)]
         if tiled is not None:  # a transposing kernel walks tiles: both sides' lines stay in L1
-            xj, xi = tiled, simd_outer[0]
-            par_loops = [loop for loop in par_loops if loop[0] != xj.name]
-            par_loops += [(f"{sym.name}b", "0", sc(sym.extent), TILE) for sym in (xj, xi)]
-
-            def whole(sym: Sym) -> str:
-                return f"{sym.name}b + {TILE}"
-
-            def edge(sym: Sym) -> str:
-                return f"std::min<int64_t>({sym.name}b + {TILE}, {sc(sym.extent)})"
-
-            variants = [(f"{whole(xj)} <= {sc(xj.extent)} && {whole(xi)} <= {sc(xi.extent)}", whole)]
-            if not all(isinstance(sym.extent, int) and sym.extent % TILE == 0 for sym in (xj, xi)):
-                variants.append(("", edge))
-            variants = [(cond, [(xj.name, f"{xj.name}b", ends(xj), 1)], (xi.name, f"{xi.name}b", ends(xi)),
-                         None if ends is whole else ends) for cond, ends in variants]
+            par_loops = [loop for loop in par_loops if loop[0] != tiled.name]
+            par_loops += [(f"{sym.name}b", "0", sc(sym.extent), TILE) for sym in (tiled, simd_outer[0])]
         depth = 1
         if parallel and par_loops:
             collapse = f" collapse({len(par_loops)})" if len(par_loops) > 1 else ""
@@ -691,49 +773,52 @@ class _Renderer:
         # a line's (or a row's) own values once, before the loop along it (or the row's stages)
         along = {simd_outer[0]} if simd_outer and par_dims else set(kern.reduce) if kern.reduce else None
         per_line = line_invariant(kern, along) - hoisted if along else set()
-        hoisted = hoisted | per_line
-        self.per_row = row_invariant(kern, values_of(kern, hoisted)) if kern.reduce else {}
-        self.hoisted = hoisted | {id(s) for stmts in self.per_row.values() for s in stmts}
-        for n, (cond, line_loops, simd_loop, ends) in enumerate(variants):
-            if len(variants) > 1:
-                self.emit(depth, f"if ({cond}) {{" if cond else "} else {")
-            inner = depth + (len(variants) > 1)
-            if tiled is not None:
-                self.stage_tiles(xj, xi, ends, inner)
-            for name, start, stop, _ in line_loops:
-                self.emit(inner, f"for (int64_t {name} = {start}; {name} < {stop}; ++{name}) {{")
-                inner += 1
-            for stage in kern.stages:
-                for s in stage.body:
-                    if id(s) in per_line:
-                        self.stmt(s, inner)
-            if simd_loop:
-                if par_dims or not parallel:
-                    self.emit(inner, "#pragma omp simd", self.checks_inside())
-                name, start, stop = simd_loop
-                self.emit(inner, f"for (int64_t {name} = {start}; {name} < {stop}; ++{name}) {{")
-                inner += 1
-            for scratch in kern.scratch:
-                row = sc(kern.reduce_numel)
-                self.emit(inner, f"alignas(64) {ctype(scratch.dtype)} {scratch.name}[{row}];")
-            for stage in kern.stages:
-                if stage.loop and kern.reduce:
-                    self.loop_stage(stage, inner)
-                else:
-                    for s in stage.body:
-                        if id(s) not in hoisted:
-                            self.stmt(s, inner)
-            for _ in range(len(line_loops) + (simd_loop is not None)):
-                inner -= 1
-                self.emit(inner, "}")
-        if len(variants) > 1:
-            self.emit(depth, "}")
+        self.per_row = row_invariant(kern, values_of(kern, hoisted | per_line)) if kern.reduce else {}
+        self.hoisted = hoisted | per_line | {id(s) for stmts in self.per_row.values() for s in stmts}
+        self.simd_pragma = bool(par_dims) or not parallel
+        peel = _interior(kern, simd_outer[0], per_line) if simd_outer and self.simd_pragma else None
+        if tiled is not None:
+            self.tiles(tiled, simd_outer[0], per_line, depth)
+        elif peel is not None:
+            self.peeled(simd_loop, peel, per_line, depth)
+        else:
+            self.line([], simd_loop, per_line, depth)
         for _ in par_loops:
             depth -= 1
             self.emit(depth, "}")
         self.report_errors()
         self.emit(0, "}")
         return "\n".join(self.lines)
+
+
+def _interior(kernel: k.Kernel, xi: Sym, per_line: set[int]):
+    """(the line's own bounds checks, [(check, first, end)]) for a point-wise kernel whose
+    bounds checks along its innermost loop xi are affine in it with a positive step: each
+    holds for first <= xi < end (C++ expressions of the outer loops). None without such checks."""
+    loops = set(kernel.outer) - {xi}
+    line_masks, along = [], []
+    for st in kernel.stages:
+        for s in st.body:
+            if not isinstance(s, k.InBounds):
+                continue
+            if id(s) in per_line:
+                line_masks.append(s.out)
+                continue
+            c = s.index.coef(xi)
+            nested = set().union(*(a.arg.symbols() for a, _ in s.index.terms if not isinstance(a, Sym)))
+            rest = Expr(tuple(t for t in s.index.terms if t[0] != xi), s.index.const)
+            if not isinstance(c, int) or c <= 0 or xi in nested or not rest.symbols() <= loops:
+                continue
+            r, n = render_index(rest), sc(s.size)
+            known = not rest.terms and isinstance(rest.const, int)
+            # c * xi + r >= 0 from xi = ceil(-r / c) = -floor(r / c); < n up to floor((n - 1 - r) / c)
+            first = -(rest.const // c) if known else f"-({r})" if c == 1 else f"-kiln_floordiv({r}, {c})"
+            if known and isinstance(s.size, int):
+                end = (s.size - 1 - rest.const) // c + 1
+            else:
+                end = f"{n} - ({r})" if c == 1 else f"kiln_floordiv({n} - 1 - ({r}), {c}) + 1"
+            along.append((s, first, end))
+    return (line_masks, along) if along else None
 
 
 def _transposed_loads(kernel: k.Kernel, xj: Sym, xi: Sym) -> list[k.Load]:

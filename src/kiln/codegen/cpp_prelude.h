@@ -1,5 +1,6 @@
 // kiln C++ kernel prelude: scalar helpers with PyTorch's semantics (NaN, signed zero,
 // integer division by zero) that the compiler can still vectorize.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
