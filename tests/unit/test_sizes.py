@@ -49,6 +49,44 @@ def test_sizes_render_as_c_and_python_and_parse_back():
         sizes.render(sympy.sqrt(s0))
 
 
+def test_a_negative_dividend_renders_its_floor_remainder_in_c_and_triton():
+    # fftshift's shift of a family, -(n // 2) % n: C's (and Triton's) % truncates, which made a
+    # negative gather index; the rendered form must hold under both conventions
+    from torch.utils._sympy.functions import FloorDiv, PythonMod
+
+    shift, quotient = PythonMod(-FloorDiv(s0, 2), s0), FloorDiv(s1 - 2 * s0, 3)
+    for n0, n1 in ((7, 3), (50, 1), (1, 9)):
+        values = {"s0": n0, "s1": n1}
+        assert _truncating_eval(sizes.render(shift), values) == (-(n0 // 2)) % n0
+        assert _truncating_eval(sizes.render(quotient), values) == (n1 - 2 * n0) // 3
+        assert eval(sizes.render(shift, lang="python"), values) == (-(n0 // 2)) % n0  # noqa: S307
+
+
+def _truncating_eval(text: str, values: dict) -> int:
+    """An integer expression as C computes it: / and % truncate toward zero."""
+    import ast
+    import math
+
+    def go(node) -> int:
+        if isinstance(node, ast.Expression):
+            return go(node.body)
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return values[node.id]
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -go(node.operand)
+        a, b = go(node.left), go(node.right)
+        ops = {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}
+        if isinstance(node.op, ast.Div):
+            return int(a / b)
+        if isinstance(node.op, ast.Mod):
+            return int(math.fmod(a, b))
+        return ops[type(node.op)]
+
+    return go(ast.parse(text, mode="eval"))
+
+
 def test_index_splits_are_made_only_where_they_hold_for_every_size():
     x0, x1 = ix.sym("x0", s0), ix.sym("x1", s1)
     flat = x0 * s1 + x1

@@ -296,8 +296,10 @@ def _mod_classes() -> tuple:
 
 
 def render(s: Size, names: dict | None = None, lang: str = "c") -> str:
-    """A size as C or Python source, symbols by their name (or names[symbol]). Sizes are
-    non-negative: floor division and remainder are C's / and % there."""
+    """A size as C or Python source, symbols by their name (or names[symbol]). Divisors are
+    positive; a dividend not known to be non-negative (a roll's shift, -(n // 2) % n) is
+    brought to its floor remainder by ((a % b) + b) % b, which C, Triton (both truncate) and
+    Python compute alike."""
     if isinstance(s, int):
         return str(s)
     names = names or {}
@@ -317,9 +319,13 @@ def render(s: Size, names: dict | None = None, lang: str = "c") -> str:
         if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
             return "(" + " * ".join([go(e.base)] * int(e.exp)) + ")"
         if floordiv is not None and isinstance(e, floordiv):
-            return f"({go(e.args[0])} {'//' if lang == 'python' else '/'} {go(e.args[1])})"
+            a, b, div = go(e.args[0]), go(e.args[1]), "//" if lang == "python" else "/"
+            if e.args[0].is_nonnegative:
+                return f"({a} {div} {b})"
+            return f"(({a} - ((({a} % {b}) + {b}) % {b})) {div} {b})"
         if isinstance(e, _mod_classes()):
-            return f"({go(e.args[0])} % {go(e.args[1])})"
+            a, b = go(e.args[0]), go(e.args[1])
+            return f"({a} % {b})" if e.args[0].is_nonnegative else f"((({a} % {b}) + {b}) % {b})"
         if _is_max_min(e):
             fn = _is_max_min(e) if lang == "python" else f"std::{_is_max_min(e)}<int64_t>"
             out = go(e.args[0])
