@@ -704,11 +704,8 @@ class _Renderer:
             inner += 1
             # true throughout this branch: the loops below read them as constants
             self.emit(inner, "const bool " + ", ".join(f"{m} = true" for m in line_masks) + ";")
-        def number(v):  # a literal's value, else the expression's text
-            return int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v
-
-        firsts = [number(start)] + [first for _, first, _ in along]
-        ends = [number(stop)] + [end for _, _, end in along]
+        firsts = [_number(start)] + [first for _, first, _ in along]
+        ends = [_number(stop)] + [end for _, _, end in along]
         if all(isinstance(v, int) for v in firsts + ends):
             lo = min(ends[0], max(firsts))
             lo, hi = str(lo), str(max(lo, min(ends)))
@@ -791,6 +788,11 @@ class _Renderer:
         return "\n".join(self.lines)
 
 
+def _number(text: str) -> int | str:
+    """A literal's value, else the expression's text."""
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
 def _interior(kernel: k.Kernel, xi: Sym, per_line: set[int]):
     """(the line's own bounds checks, [(check, first, end)]) for a point-wise kernel whose
     bounds checks along its innermost loop xi are affine in it with a positive step: each
@@ -805,9 +807,9 @@ def _interior(kernel: k.Kernel, xi: Sym, per_line: set[int]):
                 line_masks.append(s.out)
                 continue
             c = s.index.coef(xi)
-            nested = set().union(*(a.arg.symbols() for a, _ in s.index.terms if not isinstance(a, Sym)))
             rest = Expr(tuple(t for t in s.index.terms if t[0] != xi), s.index.const)
-            if not isinstance(c, int) or c <= 0 or xi in nested or not rest.symbols() <= loops:
+            affine = isinstance(c, int) and c > 0 and xi not in s.index.nested_symbols()
+            if not affine or not rest.symbols() <= loops:
                 continue
             r, n = render_index(rest), sc(s.size)
             known = not rest.terms and isinstance(rest.const, int)
@@ -827,14 +829,10 @@ def _transposed_loads(kernel: k.Kernel, xj: Sym, xi: Sym) -> list[k.Load]:
     is touched at every step of the innermost loop."""
     rows = {sc.name for sc in kernel.scratch}
     loops = set(kernel.outer)
-
-    def affine_in_tile(index: Expr) -> bool:
-        nested = set().union(*(a.arg.symbols() for a, _ in index.terms if not isinstance(a, Sym)))
-        return xj not in nested and xi not in nested
-
     return [s for st in kernel.stages for s in st.body
             if isinstance(s, k.Load) and s.buf not in rows and s.mask is None
-            and s.index.symbols() <= loops and affine_in_tile(s.index) and s.index.coef(xj) == 1
+            and s.index.symbols() <= loops and not {xj, xi} & s.index.nested_symbols()
+            and s.index.coef(xj) == 1
             and (is_symbolic(s.index.coef(xi)) or s.index.coef(xi) not in (0, 1))]
 
 

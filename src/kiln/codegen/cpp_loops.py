@@ -49,8 +49,7 @@ def merge_contiguous(kernel: k.Kernel) -> k.Kernel:
 
 
 def _walks_as_one(e: Expr, a: Sym, b: Sym) -> bool:
-    nested = set().union(*(atom.arg.symbols() for atom, _ in e.terms if not isinstance(atom, Sym)))
-    return a not in nested and b not in nested and known_eq(e.coef(a), simplify(e.coef(b) * b.extent))
+    return not {a, b} & e.nested_symbols() and known_eq(e.coef(a), simplify(e.coef(b) * b.extent))
 
 
 def _merged(e: Expr, a: Sym, b: Sym, merged: Sym) -> Expr:

@@ -116,6 +116,10 @@ class Expr:
                 out |= atom.arg.symbols()
         return out
 
+    def nested_symbols(self) -> set[Sym]:
+        """The symbols inside its floor-divisions and remainders."""
+        return set().union(*(atom.arg.symbols() for atom, _ in self.terms if not isinstance(atom, Sym)))
+
     def coef(self, sym: Sym) -> Size:
         for atom, c in self.terms:
             if atom == sym:
