@@ -119,14 +119,15 @@ def test_a_transposed_load_is_copied_tile_by_tile_in_every_dtype():
     assert "kiln_transpose_tile(" in cpp.render_kernel(kernel), cpp.render_kernel(kernel)
     _, (whole,) = plan(f, torch.randn(64, 48))
     assert "std::min" not in cpp.render_kernel(whole), cpp.render_kernel(whole)  # no edge tiles
-    torch._dynamo.reset()
-    compiled = kiln.compile(f)
-    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int16, torch.int64,
-                  torch.float64):
-        for shape in [(16, 16), (37, 50), (64, 48), (17, 1000)]:
-            x = (torch.randn(shape) * 100).to(dtype)
-            torch.testing.assert_close(compiled(x), f(x))
-            torch.testing.assert_close(compiled(x[3:, 1:]), f(x[3:, 1:]))  # a tile's corner off the start
+    for dynamic in (False, True):  # a family's tiles: strides and edges at run time
+        torch._dynamo.reset()
+        compiled = kiln.compile(f, dynamic=dynamic)
+        for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int16, torch.int64,
+                      torch.float64):
+            for shape in [(16, 16), (37, 50), (64, 48), (17, 1000)]:
+                x = (torch.randn(shape) * 100).to(dtype)
+                torch.testing.assert_close(compiled(x), f(x))
+                torch.testing.assert_close(compiled(x[3:, 1:]), f(x[3:, 1:]))  # a tile's corner off the start
 
 
 def test_outer_loops_an_index_walks_as_one_are_merged():
