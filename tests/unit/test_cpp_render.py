@@ -107,9 +107,8 @@ def test_a_transposing_kernel_walks_tiles_and_matches_eager_at_odd_sizes():
 
 
 def test_a_transposed_load_is_copied_tile_by_tile_in_every_dtype():
-    # read in place, the 16 lines of a tile evicted each other at power-of-two strides, and
-    # the vector loop gathered one element per line: a [2048, 1024] float transpose ran at a
-    # fifth of Inductor's speed
+    # read in place, the vector loop gathered one element from each of a tile's 16 lines: a
+    # [2048, 1024] float transpose ran at a fifth of Inductor's speed
     import kiln
 
     def f(x):

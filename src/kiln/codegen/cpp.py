@@ -11,8 +11,9 @@ from functools import partial
 
 import torch
 
-from kiln.codegen import base
+from kiln.codegen import base, cpp_lines
 from kiln.codegen.cpp_hoisting import computing, line_invariant, loop_invariant, row_invariant, values_of
+from kiln.codegen.cpp_lines import TILE, at_least
 from kiln.codegen.cpp_loops import merge_contiguous, split_at_divisors
 from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, SLOTS_PER_CHECK
@@ -25,7 +26,6 @@ from kiln.ir.sizes import render as sc
 # Rows up to this many elements keep reused values in a local array (stack, L1/L2).
 ROW_SCRATCH_LIMIT = 16384
 COLUMN_BLOCK = 64  # neighbouring outputs a column reduction computes together
-TILE = 16  # a transposing kernel's tile side, in elements (_transpose_tile)
 
 # A floating-point sum adds this many terms (per SIMD lane: a sixteenth) into a fresh partial
 # sum, then the partial into its total: a running sum's rounding error grows with its length.
@@ -57,11 +57,6 @@ def ctype(dtype: torch.dtype) -> str:
 
 def render_index(e: Expr) -> str:
     return base.render_index(e, "/", sc)
-
-
-def _at_least(n, limit: int) -> bool:
-    """n >= limit; a size of a shape family counts as large (its kernels serve every size)."""
-    return True if is_symbolic(n) else n >= limit
 
 
 def _size_params(kern: k.Kernel) -> str:
@@ -435,7 +430,7 @@ class _Renderer:
         for r in reductions:
             self.reduce_init(r, depth)
         syms = self.k.reduce
-        sums = _blocked_sums(reductions) if _at_least(self.k.reduce_numel, SUM_BLOCK + 1) else []
+        sums = _blocked_sums(reductions) if at_least(self.k.reduce_numel, SUM_BLOCK + 1) else []
         expsums = [r for r in reductions if r.kind == "expsum"]
         if expsums:  # rescaled once per block: blocks however short the row
             sums = _blocked_sums(reductions) + expsums
@@ -529,7 +524,7 @@ class _Renderer:
         outer = list(kern.outer[:-1])
         blocks = 2 if is_symbolic(kern.outer_numel) else \
             (x.extent + xb - 1) // xb * kern.outer_numel // x.extent
-        if _at_least(kern.outer_numel * kern.reduce_numel, PARALLEL_MIN_WORK) and blocks > 1:
+        if at_least(kern.outer_numel * kern.reduce_numel, PARALLEL_MIN_WORK) and blocks > 1:
             self.emit(1, f"#pragma omp parallel for collapse({len(outer) + 1})")
         depth = 1
         for sym in outer:
@@ -558,7 +553,7 @@ class _Renderer:
                     self.emit(depth, f"{ctyp} {name}_col[{xb}];")
                     self.emit(depth, f"for (int64_t xi = 0; xi < xn; ++xi) {name}_col[xi] = {init};")
             inner = depth
-            long_rows = stage.loop and _at_least(kern.reduce_numel, SUM_BLOCK + 1)
+            long_rows = stage.loop and at_least(kern.reduce_numel, SUM_BLOCK + 1)
             sums = _blocked_sums(reductions) if long_rows else []
             partials = {r.out: f"{r.out}_block" for r in sums}
             if stage.loop:
@@ -621,18 +616,17 @@ class _Renderer:
         """Copies each transposed load's tile into a local array, reading the buffer's lines
         whole, so that the tile's loop reads it contiguously. ends(sym): where the tile stops
         (None: a whole tile)."""
-        for s in _transposed_loads(self.k, xj, xi):
-            tile = f"tile_{s.out}"
-            self.staged[id(s)] = f"{tile}[{xj.name} - {xj.name}b][{xi.name} - {xi.name}b]"
-            rest = Expr(tuple(t for t in s.index.terms if t[0] not in (xj, xi)), s.index.const)
-            stride = sc(s.index.coef(xi))
-            corner = f"{xj.name}b + {stride} * {xi.name}b"
-            if rest != Expr():
-                corner += f" + {render_index(rest)}"
-            self.emit(depth, f"alignas(64) {STORAGE_TYPE[s.dtype]} {tile}[{TILE}][{TILE}];")
-            rows, cols = (f"{ends(sym)} - {sym.name}b" if ends else str(TILE) for sym in (xi, xj))
-            self.emit(depth, f"kiln_transpose_tile({s.buf} + {corner}, {stride}, &{tile}[0][0], "
-                             f"{rows}, {cols});")
+        for s in cpp_lines.transposed_loads(self.k, xj, xi):
+            self.staged[id(s)] = f"tile_{s.out}[{xj.name} - {xj.name}b][{xi.name} - {xi.name}b]"
+            for text in cpp_lines.tile_copy(s, STORAGE_TYPE[s.dtype], xj, xi, ends):
+                self.emit(depth, text)
+
+    def own_statements(self, ids: set[int], depth: int) -> None:
+        """The statements of ids (a line's own), in the kernel's order."""
+        for stage in self.k.stages:
+            for s in stage.body:
+                if id(s) in ids:
+                    self.stmt(s, depth)
 
     def line(self, line_loops: list[tuple], simd_loop: tuple | None, per_line: set[int] | None,
              depth: int) -> None:
@@ -643,10 +637,7 @@ class _Renderer:
         for name, start, stop in line_loops:
             self.emit(depth, f"for (int64_t {name} = {start}; {name} < {stop}; ++{name}) {{")
             depth += 1
-        for stage in kern.stages if per_line else ():
-            for s in stage.body:
-                if id(s) in per_line:
-                    self.stmt(s, depth)
+        self.own_statements(per_line or set(), depth)
         if simd_loop:
             if self.simd_pragma:
                 self.emit(depth, "#pragma omp simd", self.checks_inside())
@@ -668,24 +659,16 @@ class _Renderer:
             self.emit(depth, "}")
 
     def tiles(self, xj: Sym, xi: Sym, per_line: set[int], depth: int) -> None:
-        """A tile of a transposing kernel: whole tiles with constant trip counts, which the C++
-        compiler unrolls, and edge tiles with the remaining ones."""
-        def whole(sym: Sym) -> str:
-            return f"{sym.name}b + {TILE}"
-
-        def edge(sym: Sym) -> str:
-            return f"std::min<int64_t>({sym.name}b + {TILE}, {sc(sym.extent)})"
-
-        both = all(isinstance(sym.extent, int) and sym.extent % TILE == 0 for sym in (xj, xi))
-        for ends in (whole,) if both else (whole, edge):
-            if not both:
-                cond = f"{whole(xj)} <= {sc(xj.extent)} && {whole(xi)} <= {sc(xi.extent)}"
-                self.emit(depth, f"if ({cond}) {{" if ends is whole else "} else {")
-            inner = depth + (not both)
-            self.stage_tiles(xj, xi, None if ends is whole else ends, inner)
+        """A tile of a transposing kernel, in each of its variants (cpp_lines.tile_variants)."""
+        variants = cpp_lines.tile_variants(xj, xi)
+        for cond, ends, whole in variants:
+            if len(variants) > 1:
+                self.emit(depth, f"if ({cond}) {{" if cond else "} else {")
+            inner = depth + (len(variants) > 1)
+            self.stage_tiles(xj, xi, None if whole else ends, inner)
             lines, along = (xj.name, f"{xj.name}b", ends(xj)), (xi.name, f"{xi.name}b", ends(xi))
             self.line([lines], along, per_line, inner)
-        if not both:
+        if len(variants) > 1:
             self.emit(depth, "}")
 
     def peeled(self, simd_loop: tuple, peel: tuple, per_line: set[int], depth: int) -> None:
@@ -693,10 +676,7 @@ class _Renderer:
         reads): that range runs without them, which lets the C++ compiler vectorize its loads;
         its ends, and lines whose own checks fail, run as written."""
         line_masks, along = peel
-        for stage in self.k.stages:
-            for s in stage.body:
-                if id(s) in per_line:
-                    self.stmt(s, depth)
+        self.own_statements(per_line, depth)
         name, start, stop = simd_loop
         inner = depth
         if line_masks:
@@ -704,17 +684,9 @@ class _Renderer:
             inner += 1
             # true throughout this branch: the loops below read them as constants
             self.emit(inner, "const bool " + ", ".join(f"{m} = true" for m in line_masks) + ";")
-        firsts = [_number(start)] + [first for _, first, _ in along]
-        ends = [_number(stop)] + [end for _, _, end in along]
-        if all(isinstance(v, int) for v in firsts + ends):
-            lo = min(ends[0], max(firsts))
-            lo, hi = str(lo), str(max(lo, min(ends)))
-        else:
-            lo, hi = f"{name}_lo", f"{name}_hi"
-            self.emit(inner, f"const int64_t {lo} = std::min<int64_t>({stop}, "
-                             f"std::max<int64_t>({{{', '.join(map(str, firsts))}}}));")
-            self.emit(inner, f"const int64_t {hi} = std::max<int64_t>({lo}, "
-                             f"std::min<int64_t>({{{', '.join(map(str, ends))}}}));")
+        lo, hi, declarations = cpp_lines.middle_range(name, start, stop, along)
+        for text in declarations:
+            self.emit(inner, text)
         for first, end, checked in ((start, lo, True), (lo, hi, False), (hi, stop, True)):
             if first == end:  # known empty
                 continue
@@ -745,7 +717,7 @@ class _Renderer:
                     self.stmt(s, 1)
         row = kern.reduce_numel if is_symbolic(kern.reduce_numel) else max(kern.reduce_numel, 1)
         work = kern.outer_numel * row
-        parallel = _at_least(work, PARALLEL_MIN_WORK) and _at_least(kern.outer_numel, 2)
+        parallel = at_least(work, PARALLEL_MIN_WORK) and at_least(kern.outer_numel, 2)
         outer = list(kern.outer)
         pointwise = not kern.reduce
         simd_outer = outer[-1:] if pointwise and outer else []
@@ -753,7 +725,7 @@ class _Renderer:
         # the parallel loops as (variable, start, stop, step)
         par_loops = [(sym.name, "0", sc(sym.extent), 1) for sym in par_dims]
         simd_loop = (simd_outer[0].name, "0", sc(simd_outer[0].extent)) if simd_outer else None
-        tiled = _transpose_tile(kern) if pointwise else None
+        tiled = cpp_lines.transpose_tile(kern) if pointwise else None
         if tiled is not None:  # a transposing kernel walks tiles: both sides' lines stay in L1
             par_loops = [loop for loop in par_loops if loop[0] != tiled.name]
             par_loops += [(f"{sym.name}b", "0", sc(sym.extent), TILE) for sym in (tiled, simd_outer[0])]
@@ -773,10 +745,9 @@ class _Renderer:
         self.per_row = row_invariant(kern, values_of(kern, hoisted | per_line)) if kern.reduce else {}
         self.hoisted = hoisted | per_line | {id(s) for stmts in self.per_row.values() for s in stmts}
         self.simd_pragma = bool(par_dims) or not parallel
-        peel = _interior(kern, simd_outer[0], per_line) if simd_outer and self.simd_pragma else None
         if tiled is not None:
             self.tiles(tiled, simd_outer[0], per_line, depth)
-        elif peel is not None:
+        elif simd_outer and self.simd_pragma and (peel := cpp_lines.interior(kern, simd_outer[0], per_line)):
             self.peeled(simd_loop, peel, per_line, depth)
         else:
             self.line([], simd_loop, per_line, depth)
@@ -786,76 +757,6 @@ class _Renderer:
         self.report_errors()
         self.emit(0, "}")
         return "\n".join(self.lines)
-
-
-def _number(text: str) -> int | str:
-    """A literal's value, else the expression's text."""
-    return int(text) if text.lstrip("-").isdigit() else text
-
-
-def _interior(kernel: k.Kernel, xi: Sym, per_line: set[int]):
-    """(the line's own bounds checks, [(check, first, end)]) for a point-wise kernel whose
-    bounds checks along its innermost loop xi are affine in it with a positive step: each
-    holds for first <= xi < end (C++ expressions of the outer loops). None without such checks."""
-    loops = set(kernel.outer) - {xi}
-    line_masks, along = [], []
-    for st in kernel.stages:
-        for s in st.body:
-            if not isinstance(s, k.InBounds):
-                continue
-            if id(s) in per_line:
-                line_masks.append(s.out)
-                continue
-            c = s.index.coef(xi)
-            rest = Expr(tuple(t for t in s.index.terms if t[0] != xi), s.index.const)
-            affine = isinstance(c, int) and c > 0 and xi not in s.index.nested_symbols()
-            if not affine or not rest.symbols() <= loops:
-                continue
-            r, n = render_index(rest), sc(s.size)
-            known = not rest.terms and isinstance(rest.const, int)
-            # c * xi + r >= 0 from xi = ceil(-r / c) = -floor(r / c); < n up to floor((n - 1 - r) / c)
-            first = -(rest.const // c) if known else f"-({r})" if c == 1 else f"-kiln_floordiv({r}, {c})"
-            if known and isinstance(s.size, int):
-                end = (s.size - 1 - rest.const) // c + 1
-            else:
-                end = f"{n} - ({r})" if c == 1 else f"kiln_floordiv({n} - 1 - ({r}), {c}) + 1"
-            along.append((s, first, end))
-    return (line_masks, along) if along else None
-
-
-def _transposed_loads(kernel: k.Kernel, xj: Sym, xi: Sym) -> list[k.Load]:
-    """The loads of a tiled kernel that step along its lines (xj) and jump along its
-    innermost loop (xi), affine in both: read in place, each of a tile's lines of such a buffer
-    is touched at every step of the innermost loop."""
-    rows = {sc.name for sc in kernel.scratch}
-    loops = set(kernel.outer)
-    return [s for st in kernel.stages for s in st.body
-            if isinstance(s, k.Load) and s.buf not in rows and s.mask is None
-            and s.index.symbols() <= loops and not {xj, xi} & s.index.nested_symbols()
-            and s.index.coef(xj) == 1
-            and (is_symbolic(s.index.coef(xi)) or s.index.coef(xi) not in (0, 1))]
-
-
-def _transpose_tile(kernel: k.Kernel) -> Sym | None:
-    """The outer loop to walk in tiles with the innermost one, for a point-wise kernel one of
-    whose buffers steps a row apart along the innermost loop but is contiguous along another
-    (a transposing copy): walking whole lines, every step of the innermost loop touched a new
-    cache line of that buffer. None elsewhere."""
-    if len(kernel.outer) < 2:
-        return None
-    inner = kernel.outer[-1]
-    rows = {sc.name for sc in kernel.scratch}
-    for st in kernel.stages:
-        for s in st.body:
-            if not isinstance(s, (k.Load, k.Store)) or s.buf in rows:
-                continue
-            step = s.index.coef(inner)
-            if not is_symbolic(step) and step in (0, 1):
-                continue
-            for sym in kernel.outer[:-1]:
-                if s.index.coef(sym) == 1 and _at_least(sym.extent, TILE) and _at_least(inner.extent, TILE):
-                    return sym
-    return None
 
 
 def _found_again(stage: k.Stage, a: k.Reduce) -> bool:

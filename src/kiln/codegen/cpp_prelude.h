@@ -34,8 +34,8 @@ static inline uint16_t kiln_bf16_bits(float f) { uint32_t u; std::memcpy(&u, &f,
 static inline float kiln_round_f16(float f) { return (float)(_Float16)f; }
 
 // A transposing kernel's tile: dst[j * 16 + i] = src[i * stride + j] for i < rows, j < cols.
-// Reading src's rows whole keeps its lines from evicting each other (power-of-two strides map
-// them to one cache set); the scattered writes land in a 1 KiB local array.
+// src's rows are read whole, so that the kernel's vector loop reads dst contiguously instead
+// of gathering an element from each of the tile's lines.
 template <typename T>
 static inline void kiln_transpose_tile(const T* src, int64_t stride, T* dst, int64_t rows, int64_t cols) {
   for (int64_t i = 0; i < rows; ++i)
