@@ -673,7 +673,7 @@ class _Renderer:
 
     def peeled(self, simd_loop: tuple, peel: tuple, per_line: set[int], depth: int) -> None:
         """A line whose bounds checks along it hold on a middle range of it (a padded window's
-        reads): that range runs without them, which lets the C++ compiler vectorize its loads;
+        reads): that range runs without them (their arithmetic and the selects they feed);
         its ends, and lines whose own checks fail, run as written."""
         line_masks, along = peel
         self.own_statements(per_line, depth)

@@ -7,8 +7,8 @@ array (kiln_transpose_tile in the prelude), so that the vector loop reads it con
 instead of gathering an element from each of a tile's lines.
 
 A line whose bounds checks along it are affine in its loop (a padded window's reads) holds
-them all on a middle range: that range runs with the checks as constants, which lets the
-C++ compiler vectorize its loads.
+them all on a middle range: that range runs with the checks as constants, without their
+arithmetic and selects.
 """
 
 from __future__ import annotations
