@@ -152,7 +152,7 @@ def test_outer_loops_an_index_walks_as_one_are_merged():
 
 
 def test_a_padded_windows_middle_runs_without_its_bounds_checks():
-    # masked window reads along the vector loop kept a padded max pool scalar (half of
+    # a padded max pool computed its window's bounds checks and selects at every point (half of
     # Inductor's speed): where every check of a line holds, its middle runs without them
     import torch.nn.functional as F
 
