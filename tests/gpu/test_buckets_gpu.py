@@ -59,11 +59,34 @@ def test_outputs_are_the_callers_own():
 
 
 def test_a_graph_mixing_positions_records_each_size():
-    compiled = kiln.compile(lambda x: torch.softmax(x, dim=1) * 3, dynamic=True, mode="reduce-overhead")
+    compiled = kiln.compile(lambda x: torch.var(x, dim=1) * 3, dynamic=True, mode="reduce-overhead")
     before = len(REPORTS)
     for n in (9, 10, 11):
         x = randn(4, n, 32)
-        assert_same(compiled(x), torch.softmax(x, dim=1) * 3)
+        assert_same(compiled(x), torch.var(x, dim=1) * 3)
     graphs = REPORTS[before].graphs
     assert len(graphs.recordings) == 3, graphs.text()
     assert "reduces along a padded dimension" in graphs.text()
+
+
+def test_reductions_along_the_padded_size_are_masked():
+    """Softmax, mean and attention along the sequence: one recording per bucket, each serving
+    every length in it, the grown part masked by the real length read at replay."""
+    w = randn(64, 64, seed=2) / 8
+
+    def block(x):
+        q = (x @ w).view(x.shape[0], x.shape[1], 4, 16).transpose(1, 2)
+        attended = torch.nn.functional.scaled_dot_product_attention(q, q, q).transpose(1, 2).reshape(x.shape)
+        return attended + torch.softmax(x, dim=1) * x.mean(1, keepdim=True)
+
+    compiled = kiln.compile(block, dynamic=True, mode="reduce-overhead")
+    before = len(REPORTS)
+    with torch.no_grad():
+        for n in LENGTHS + LENGTHS[:3]:
+            x = randn(2, n, 64)
+            assert_same(compiled(x), block(x))
+    s = kiln.stats()
+    assert s.graphs_compiled == 1 and not s.graphs_in_aten, s
+    graphs = REPORTS[before].graphs
+    assert "masked to the real size" in graphs.text(), graphs.text()
+    assert len(graphs.recordings) == 6, graphs.text()

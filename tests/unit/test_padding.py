@@ -13,6 +13,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._guards import detect_fake_mode
 
 from kiln.frontend.padding import padding_plan
+from kiln.frontend.padding_masks import masked_graph
 from kiln.runtime import buckets
 from kiln.runtime.buckets import BucketedGraphs, bucket, symbol_ranges
 
@@ -28,6 +29,7 @@ class _Capture:
     def _compile(self, gm, inputs):
         plan = padding_plan(gm, inputs)
         env = detect_fake_mode(inputs).shape_env
+        gm, inputs = masked_graph(gm, plan, inputs)
 
         def run(args):
             self.run_shapes.append([tuple(a.shape) for a in args if isinstance(a, torch.Tensor)])
@@ -79,10 +81,10 @@ W = torch.randn(64, 48)
 
 
 @pytest.mark.parametrize("fn, why", [
-    (lambda x: x.transpose(-1, -2) @ x, "sums over a padded dimension"),
-    (lambda x: torch.softmax(x, dim=1), "reduces along a padded dimension"),
-    (lambda x: x.mean(dim=1), "reduces along a padded dimension"),
-    (lambda x: torch.cumsum(x, dim=1), "padded dimension"),
+    (lambda x: x.var(dim=1), "reduces along a padded dimension"),
+    (lambda x: x.argmax(), "reduces along a padded dimension"),  # an index into the padded shape
+    (lambda x: x * (x.shape[1] + 1), "takes a size as a value"),
+    (lambda x: torch.flip(x, [1]), "not known to keep positions apart"),
     (lambda x: torch.cat([x, x], dim=1), "joins along a padded dimension"),
     (lambda x: x[:, 1:], "cuts a padded dimension"),
 ])
@@ -97,8 +99,8 @@ def test_row_wise_ops_let_the_sequence_size_be_padded(capture):
     plan = _plan_of(capture, lambda x: torch.softmax(x @ W, dim=-1) * x.sum(-1, keepdim=True),
                     torch.randn(4, 10, 64))
     batch, sequence, features = _sizes_of_input(plan)
-    assert {batch, sequence} <= set(plan.padded), plan.text()
-    assert "sums over a padded dimension" in plan.refused[str(features)]
+    assert {batch, sequence, features} <= set(plan.padded), plan.text()
+    assert sequence not in plan.masked and features in plan.masked, plan.text()  # x @ W sums over features
 
 
 def _mlp(x):
@@ -138,6 +140,68 @@ def test_padded_runs_equal_eager_at_every_size(capture, fn, make):
     assert len(program.replays) == len({bucket(n, 2, None) for n in sizes})
 
 
+def _softmax_mean_max(x):
+    return torch.softmax(x, dim=1) * x.mean(dim=1, keepdim=True) + x.amax(dim=1, keepdim=True)
+
+
+def _gram(x):  # a matmul summing over the sequence
+    return x.transpose(-1, -2) @ x
+
+
+def _attention(x):  # attention written out, over keys of the padded length
+    return torch.softmax(x @ x.transpose(-1, -2) / 8, dim=-1) @ x
+
+
+def _causal(x):  # queries and keys of the same length: a real query sees only real keys
+    q = x.view(x.shape[0], x.shape[1], 4, 16).transpose(1, 2)
+    return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+
+def _reductions(x):
+    return torch.stack([x.sum(1), x.amin(1), torch.logsumexp(x, 1), (x.sigmoid() + 0.5).prod(1),
+                        x.argmax(1).to(x.dtype), x.max(1).values, (x > 2).any(1).to(x.dtype),
+                        (x > -3).all(1).to(x.dtype), x.sum(1) / x.shape[1],
+                        x.mean((1, 2))[:, None].expand_as(x[:, 0])])
+
+
+def _scans(x):
+    return torch.cumsum(x, dim=1) + torch.log_softmax(x, dim=1)
+
+
+@pytest.mark.parametrize("fn", [_softmax_mean_max, _gram, _attention, _causal, _reductions, _scans])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_reductions_along_the_padded_size_equal_eager(capture, fn, dtype):
+    """Reductions, matmuls and attention along the padded size ignore its grown part (filled
+    with random values by the fixture), at every size of a bucket."""
+    compiled = torch.compile(fn, backend=capture.backend, dynamic=True)
+    sizes = [40, 37, 2, 3, 17, 64, 100]
+    tolerance = {} if dtype is torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+    with torch.no_grad():
+        for n in sizes:
+            x = torch.randn(3, n, 64).to(dtype)
+            torch.testing.assert_close(compiled(x), fn(x), **tolerance)
+    program = capture.programs[-1]
+    sequence = _sizes_of_input(program.plan)[1]
+    assert sequence in program.padded, program.plan.text()
+    assert len(program.replays) == len({bucket(n, 2, None) for n in sizes})
+    if fn is not _causal:
+        assert sequence in program.plan.masked, program.plan.text()
+
+
+def test_masked_integer_sums_and_a_size_as_a_value(capture):
+    def fn(ids):
+        return ids.sum(1) * ids.shape[1] + ids.amax(1)
+
+    compiled = torch.compile(fn, backend=capture.backend, dynamic=True)
+    with torch.no_grad():
+        for n in (5, 9, 30):
+            ids = torch.randint(-50, 50, (3, n))
+            torch.testing.assert_close(compiled(ids), fn(ids))
+    plan = capture.programs[-1].plan
+    sequence = next(e for e in plan.inputs if isinstance(e, list) and len(e) == 2)[1]
+    assert sequence in plan.padded and sequence in plan.masked, plan.text()
+
+
 def test_a_graph_not_bound_by_launches_keeps_each_size(capture):
     capture.pad = False
     compiled = torch.compile(_mlp, backend=capture.backend, dynamic=True)
@@ -152,8 +216,8 @@ def test_a_graph_not_bound_by_launches_keeps_each_size(capture):
 
 
 def test_padding_a_refused_size_would_change_the_result(capture):
-    """The check above can fail: forcing the sequence of a softmax over it to pad does."""
-    compiled = torch.compile(lambda x: torch.softmax(x, dim=1), backend=capture.backend, dynamic=True)
+    """The check above can fail: forcing the sequence of a variance over it to pad does."""
+    compiled = torch.compile(lambda x: torch.var(x, dim=1), backend=capture.backend, dynamic=True)
     with torch.no_grad():
         compiled(torch.randn(3, 9, 16))
         program = capture.programs[-1]
@@ -161,7 +225,7 @@ def test_padding_a_refused_size_would_change_the_result(capture):
         program.plan.padded[sequence] = program.plan.bound[sequence]
         program.padded.add(sequence)
         x = torch.randn(3, 5, 16)
-        assert not torch.allclose(compiled(x), torch.softmax(x, dim=1))
+        assert not torch.allclose(compiled(x), torch.var(x, dim=1))
 
 
 def test_an_op_the_analysis_misreads_refuses_every_size(capture, monkeypatch):

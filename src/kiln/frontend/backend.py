@@ -20,6 +20,7 @@ from kiln.frontend.decompositions import decomposition_table, eager_only_reason
 from kiln.frontend.importer import cpu_scalars, graph_device
 from kiln.frontend.linear_xent import rewrite_linear_cross_entropy
 from kiln.frontend.padding import padding_plan
+from kiln.frontend.padding_masks import masked_graph
 from kiln.frontend.partition import PartitionSummary, partition
 from kiln.frontend.random import draw_seeds_once, random_decompositions
 from kiln.frontend.reports import REPORTS, ReportLog  # noqa: F401 - where callers find them
@@ -99,6 +100,11 @@ class FamilyFailed(Exception):
     the graph compiles per shape instead."""
 
 
+def by_buckets(options: Options, device: torch.device) -> bool:
+    """Whether a family's program replays CUDA graphs by bucket (runtime/buckets.py)."""
+    return options.mode == "reduce-overhead" and device.type == "cuda"
+
+
 def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options: Options,
                          partition_summary: PartitionSummary | None = None,
                          captured_decisions: list | None = None, backward: bool = False) -> Callable:
@@ -125,8 +131,14 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
     reason = _unsupported_reason(example_inputs, target, family=True)
     if reason is not None:
         raise FamilyFailed(reason)
-    by_bucket = options.mode == "reduce-overhead" and device.type == "cuda"
-    plan = padding_plan(gm, example_inputs) if by_bucket else None  # before the passes rewrite gm
+    by_bucket = by_buckets(options, device)
+    plan = padding_plan(gm, example_inputs) if by_bucket else None
+    fallback = gm  # runs in ATen if the program fails: it takes the caller's inputs, as no masked graph does
+    if plan is not None:
+        try:
+            gm, example_inputs = masked_graph(gm, plan, example_inputs)
+        except Exception as e:  # noqa: BLE001 - each size gets a recording of its own instead
+            plan.unpad(f"its masks could not be written ({type(e).__name__}: {e})")
     guards = len(env.guards)
     try:
         from kiln.passes import cost
@@ -161,10 +173,11 @@ def compile_family_graph(gm: fx.GraphModule, example_inputs: list[Any], options:
         from kiln.runtime.cudagraphs import static_input_indices
 
         ranges = symbol_ranges(env, plan.bound)
-        fn = report.graphs = BucketedGraphs(fn, plan, ranges, pad, static_input_indices())
+        fn = report.graphs = BucketedGraphs(fn, plan, ranges, pad, static_input_indices(),
+                                            graphs=device.type == "cuda")
     if moved:  # before any recording: a graph must not record a copy from a host buffer
         fn = _ScalarsToDevice(fn, moved, device)
-    return _FirstCallChecked(fn, gm)
+    return _FirstCallChecked(fn, fallback)
 
 
 class _ScalarsToDevice:

@@ -4,9 +4,13 @@ A graph may be run with a size symbol s raised to a bucket b >= s (each input gr
 dimensions of size s, the grown part filled with anything) and its outputs cut back to s, where
 every element at a real position comes out as it would at s. That holds when no op mixes the
 positions along s: element-wise ops, reductions and matmuls over other dimensions, views,
-gathers from tables of fixed size. It fails for a reduction or matmul over s, a slice or
-concatenation along s, a scalar computed from s (a mean's 1/s) and any op this module does not
-know, each of which rejects the symbols it touches.
+gathers from tables of fixed size, scans along s (a real position reads only earlier ones),
+causal attention whose queries and keys both have length s. It holds too for ops that do mix
+positions along s once the grown part is masked (frontend/padding_masks.py): a reduction along
+s (sum, mean, max, min, prod, any, all, softmax's parts), a matmul summing over s, attention
+over s keys, and s itself used as a value, each of which reads s's real value at run time. It
+fails for a slice or concatenation along s, a variance along s, an expression of s used as a
+value and any op this module does not know, each of which rejects the symbols it touches.
 
 Views complicate the "position": a view of [8, s, 1024] as [8*s, 1024] spreads the real rows of
 the padded tensor over its first dimension. So each dimension is tracked as the ordered factors
@@ -44,6 +48,18 @@ class _Value:
     uniform: bool = False  # every element is the same value (zeros, full): agrees with any factors
 
 
+@dataclass(frozen=True)
+class Mask:
+    """Where a padded size's grown part must be masked: node's tensor operand (an index into
+    its args, or "attn_mask") along dim, or, with dim None, the operand that is the size itself
+    (its real value is taken instead)."""
+
+    node: fx.Node
+    operand: int | str
+    dim: int | None
+    symbol: sympy.Symbol
+
+
 @dataclass
 class PaddingPlan:
     """What a family's graph allows: `padded` maps each symbol that may be padded to where its
@@ -56,9 +72,23 @@ class PaddingPlan:
     refused: dict[str, str] = field(default_factory=dict)
     inputs: list[Any] = field(default_factory=list)  # per input: tensor sizes or int, as sympy
     outputs: list[list[Dim] | None] = field(default_factory=list)
+    masks: list[Mask] = field(default_factory=list)
+    device: Any = None  # where the masked graph takes the real sizes (padding_masks.py)
+
+    @property
+    def masked(self) -> list[sympy.Symbol]:
+        """The symbols whose real values the masked graph takes, in its last input's order."""
+        return sorted({m.symbol for m in self.masks}, key=str)
+
+    def unpad(self, reason: str) -> None:
+        """Pad nothing, for reason."""
+        self.refused.update({str(s): reason for s in self.padded})
+        self.padded, self.masks = {}, []
 
     def text(self) -> str:
-        parts = [f"{s} may be padded" for s in self.padded]
+        masked = set(self.masked)
+        parts = [f"{s} may be padded" + (" (reductions along it masked)" if s in masked else "")
+                 for s in self.padded]
         parts += [f"{s} not: {why}" for s, why in self.refused.items()]
         return "; ".join(parts) or "no size symbols"
 
@@ -179,6 +209,18 @@ _REDUCE = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.def
            aten.max.default, aten.min.default, aten.any.default}
 _ALONG = {aten._softmax.default, aten._log_softmax.default, aten.cumsum.default,
           aten.cumprod.default, aten.sort.default}
+_SCANS = {aten.cumsum.default, aten.cumprod.default}  # a real position reads only earlier ones
+_FLAT_INDEX = {aten.argmax.default, aten.argmin.default}  # without a dim: an index into the padded shape
+LOWEST, HIGHEST = "lowest", "highest"
+# what a reduction's operand holds in its grown part so that the reduction ignores it
+MASK_FILL = {
+    **{op: 0 for op in (aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default,
+                        aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default)},
+    **{op: LOWEST for op in (aten.amax.default, aten.max.default, aten.max.dim, aten.argmax.default,
+                              aten.logsumexp.default, aten._softmax.default, aten._log_softmax.default)},
+    **{op: HIGHEST for op in (aten.amin.default, aten.min.default, aten.min.dim, aten.argmin.default)},
+    aten.prod.dim_int: 1, aten.any.dim: False, aten.any.default: False, aten.all.dim: True,
+}
 # arguments that are sizes, not values: symbols there shape the result instead of entering it
 _SIZE_ARGS = _VIEWS | _FACTORIES | {aten.expand.default, aten.arange.default, aten.arange.start,
                                     aten.arange.start_step, aten.slice.Tensor}
@@ -188,6 +230,17 @@ class _Analysis:
     def __init__(self, gm: fx.GraphModule, padded: set):
         self.gm, self.padded = gm, padded
         self.values: dict[fx.Node, Any] = {}
+        self.masks: list[Mask] = []
+
+    def mask(self, n: fx.Node, operand: int | str, v: "_Value", dims: list[int]) -> None:
+        """Mask operand's grown part along each of dims that is a padded size alone."""
+        for d in dims:
+            touched = _free([v.dims[d]], self.padded)
+            if not touched:
+                continue
+            if len(v.dims[d]) != 1:
+                raise _Mixes(touched, f"{_name(n)} mixes positions along a dimension of {v.dims[d]}")
+            self.masks.append(Mask(n, operand, d, v.dims[d][0]))
 
     def value(self, a: Any) -> Any:
         return self.values.get(a) if isinstance(a, fx.Node) else None
@@ -225,15 +278,21 @@ class _Analysis:
             return v[n.args[1]] if isinstance(v, tuple) else None
         if not _tensors(out):
             return None  # sizes and their arithmetic: checked where a tensor op takes them
+        pointwise = isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
         if target not in _SIZE_ARGS:
-            for a in [*n.args, *n.kwargs.values()]:
+            for i, a in enumerate([*n.args, *n.kwargs.values()]):
                 for x in a if isinstance(a, (list, tuple)) else [a]:
                     val = x.meta.get("val") if isinstance(x, fx.Node) else x
-                    if isinstance(val, (torch.SymInt, torch.SymFloat)) and _free(_expr(val), self.padded):
+                    symbolic = isinstance(val, (torch.SymInt, torch.SymFloat))
+                    if not symbolic or not _free(_expr(val), self.padded):
+                        continue
+                    if pointwise and x is a and i < len(n.args) and _takes_tensor(target, i) \
+                            and _expr(val) in self.padded:
+                        self.masks.append(Mask(n, i, None, _expr(val)))  # the real size instead
+                    else:
                         raise _Mixes(_free(_expr(val), self.padded), f"{_name(n)} takes a size as a value")
         args = [self.value(a) for a in n.args]
         handler = _HANDLERS.get(target)
-        pointwise = isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
         if handler is None and pointwise:
             handler = _pointwise
         if handler is None:
@@ -247,6 +306,22 @@ class _Analysis:
 
 def _name(n: fx.Node) -> str:
     return f"{getattr(n.target, '__name__', n.target)} ({n.name})"
+
+
+def _takes_tensor(target: Any, i: int) -> bool:
+    """Whether an op's argument i is declared a tensor (a size there may become one)."""
+    arguments = target._schema.arguments
+    return i < len(arguments) and isinstance(arguments[i].type, torch.TensorType)
+
+
+def argument(n: fx.Node, name: str) -> Any:
+    """An op's argument by its schema name, its default where the call leaves it out."""
+    for i, a in enumerate(n.target._schema.arguments):
+        if a.name == name:
+            if i < len(n.args) and not a.kwarg_only:
+                return n.args[i]
+            return n.kwargs.get(name, a.default_value if a.has_default_value() else None)
+    return None
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
@@ -335,8 +410,11 @@ def _reduce(an: _Analysis, n: fx.Node, args: list, out: Any) -> Any:
     if n.target in _ALONG:
         along = _dims_arg(n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", -1), rank)
     touched = _free([v.dims[d] for d in along], an.padded)
-    if touched:
-        raise _Mixes(touched, f"{_name(n)} reduces along a padded dimension")
+    if touched and n.target not in _SCANS:
+        flat_index = n.target in _FLAT_INDEX and argument(n, "dim") is None and rank > 1
+        if n.target not in MASK_FILL or flat_index:
+            raise _Mixes(touched, f"{_name(n)} reduces along a padded dimension")
+        an.mask(n, 0, v, along)
     if n.target in _ALONG:
         result = _Value(list(v.dims))
     else:
@@ -362,7 +440,11 @@ def _matmul(an: _Analysis, n: fx.Node, args: list, out: Any) -> _Value:
     a, b = operands[0], operands[1]
     inner = _free([a.dims[-1], b.dims[-2]], an.padded)
     if inner:
-        raise _Mixes(inner, f"{_name(n)} sums over a padded dimension")
+        if a.dims[-1] != b.dims[-2]:
+            raise _Mixes(inner, f"{_name(n)} sums over a padded dimension")
+        first = 1 if n.target in (aten.addmm.default, aten.baddbmm.default) else 0
+        an.mask(n, first, a, [len(a.dims) - 1])
+        an.mask(n, first + 1, b, [len(b.dims) - 2])
     batch = _broadcast([_Value(a.dims[:-2]), _Value(b.dims[:-2])], len(a.dims) - 2, an.padded, _name(n))
     dims = [*batch, a.dims[-2], b.dims[-1]]
     if n.target in (aten.addmm.default, aten.baddbmm.default) and isinstance(args[0], _Value):
@@ -429,6 +511,60 @@ def _native_layer_norm(an: _Analysis, n: fx.Node, args: list, out: Any) -> tuple
     return (_Value(list(v.dims)), stats, stats)
 
 
+MASKABLE_ATTENTION = {aten.scaled_dot_product_attention.default,
+                       aten._scaled_dot_product_flash_attention_for_cpu.default}  # take attn_mask
+_ATTENTION = {aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention.default,
+              aten._scaled_dot_product_efficient_attention.default,
+              aten._scaled_dot_product_cudnn_attention.default,
+              aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+
+def attention_mask(n: fx.Node) -> Any:
+    """An attention op's mask or bias argument (None where it has none)."""
+    return argument(n, "attn_mask") if n.target in MASKABLE_ATTENTION else argument(n, "attn_bias")
+
+
+def _attention(an: _Analysis, n: fx.Node, args: list, out: Any) -> Any:
+    """Attention keeps query positions apart. Its keys mix: padded keys are masked (through
+    attn_mask, where the op takes a mask of any shape), or need no mask when attention is causal
+    and queries and keys are the same positions (a real query sees only earlier keys)."""
+    q, k, v = args[0], args[1], args[2]
+    mask = an.value(attention_mask(n))
+    touched = _free([q.dims, k.dims, v.dims, mask.dims if mask else []], an.padded)
+    if touched and argument(n, "dropout_p"):
+        raise _Mixes(touched, f"{_name(n)} draws random numbers by position")
+    if _free([q.dims[-1], k.dims[-1]], an.padded):
+        raise _Mixes(_free([q.dims[-1], k.dims[-1]], an.padded), f"{_name(n)} sums over a padded dimension")
+    batch = _broadcast([_Value(x.dims[:-2]) for x in (q, k, v)], len(q.dims) - 2, an.padded, _name(n))
+    queries, keys = q.dims[-2], k.dims[-2]
+    if v.dims[-2] != keys and _free([keys, v.dims[-2]], an.padded):
+        raise _Mixes(_free([keys, v.dims[-2]], an.padded),
+                     f"{_name(n)} pairs keys {keys} with values {v.dims[-2]}")
+    if mask is not None:
+        _broadcast([mask, _Value([*batch, queries, keys])], len(batch) + 2, an.padded, _name(n))
+    if _free([keys], an.padded):
+        if argument(n, "is_causal"):
+            if queries != keys:
+                raise _Mixes(_free([keys], an.padded), f"{_name(n)} is causal over keys of other positions")
+        elif n.target in MASKABLE_ATTENTION or all(u.target is operator.getitem and u.args[1] == 0
+                                                   for u in n.users):
+            an.mask(n, "attn_mask", k, [len(k.dims) - 2])  # a fused op without a mask becomes one with
+        else:
+            raise _Mixes(_free([keys], an.padded), f"{_name(n)} attends over padded keys without a mask")
+    result = _Value([*batch, queries, v.dims[-1]])
+    if isinstance(out, torch.Tensor):
+        return result
+    rows = [_expr(s) for s in out[0].shape[:-1]]
+
+    def shaped(i: int, t: Any) -> Any:  # output 0, then per query row (logsumexp), then the rest
+        if not isinstance(t, torch.Tensor):
+            return None
+        if i == 0:
+            return result
+        return _Value([*batch, queries]) if [_expr(s) for s in t.shape] == rows else _opaque(t, an.padded)
+    return tuple(shaped(i, t) for i, t in enumerate(out))
+
+
 _HANDLERS = {
     **{op: _same for op in _SAME_SHAPE},
     **{op: _uniform for op in _UNIFORM_LIKE | _FACTORIES},
@@ -443,6 +579,7 @@ _HANDLERS = {
     aten.embedding.default: _embedding, aten.index_select.default: _index_select,
     aten.native_layer_norm.default: _native_layer_norm,
     aten.copy.default: _pointwise,
+    **{op: _attention for op in _ATTENTION},
 }
 
 
@@ -463,9 +600,11 @@ def padding_plan(gm: fx.GraphModule, example_inputs: list[Any]) -> PaddingPlan:
         else:
             plan.inputs.append(None)
     padded = set(bound)
+    masks: list[Mask] = []
     while padded:  # each round refuses at least one symbol
         try:
-            plan.outputs = _Analysis(gm, padded).run()
+            analysis = _Analysis(gm, padded)
+            plan.outputs, masks = analysis.run(), analysis.masks
             break
         except _Mixes as e:
             refused = e.symbols & padded or set(padded)  # none of them named: give up on all
@@ -481,4 +620,5 @@ def padding_plan(gm: fx.GraphModule, example_inputs: list[Any]) -> PaddingPlan:
             padded -= e.free_symbols
     plan.bound = bound
     plan.padded = {s: bound[s] for s in sorted(padded, key=str) if s in bound}
+    plan.masks = [m for m in masks if m.symbol in plan.padded]
     return plan

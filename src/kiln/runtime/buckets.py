@@ -4,7 +4,8 @@ A CUDA graph is recorded at fixed sizes, so a family's program gets one recordin
 replays at. Where frontend/padding.py allows a size symbol to be padded and the graph is bound
 by its launches (the host's cost of launching its kernels one by one exceeds their work on the
 device, so doubling the work costs less than the launches a replay saves), each call runs at
-the next power of two of each padded size: a few recordings serve every size. Otherwise each
+the next power of two of each padded size: a few recordings serve every size (reductions along
+a padded size read its real value from an input tensor, frontend/padding_masks.py). Otherwise each
 distinct size gets its own recording. All recordings share one memory pool; past LIMIT of them,
 further sizes run the program without a graph, said once.
 """
@@ -94,6 +95,9 @@ class BucketedGraphs:
         if self.padded:
             padded = ", ".join(sorted(map(str, self.padded)))
             policy = f"sizes padded to the next power of two: {padded}"
+            masked = [str(s) for s in self.plan.masked if s in self.padded]
+            if masked:
+                policy += f"; reductions along {', '.join(masked)} masked to the real size"
         elif self.plan.padded:
             policy = "a recording per size: the graph is not bound by its launches, padding would not pay"
         else:
@@ -112,6 +116,10 @@ class BucketedGraphs:
         at = {s: bucket(v, *self.ranges.get(s, (1, None))) if s in self.padded else v
               for s, v in values.items()}
         shapes = self._shapes(args, at)
+        given = args  # a boxed call clears the list it was given
+        if self.plan.masked:  # the masked graph's last input: the real sizes, read at run time
+            args = [*args, _real_sizes([values[s] for s in self.plan.masked], self.plan.device)]
+            shapes.append(None)
         # a recording bakes in its non-tensor inputs and its sizes: both are part of its key
         key = tuple(s if s is not None else tuple(a.shape) if isinstance(a, torch.Tensor) else a
                     for a, s in zip(args, shapes))
@@ -122,7 +130,9 @@ class BucketedGraphs:
                     log.warning("kiln: a graph met %d bucket sizes under reduce-overhead; further sizes run "
                                 "without CUDA graphs", LIMIT)
                 self.unrecorded_calls += 1
-                return self.call(args)
+                outputs = self.call(args)
+                given.clear()
+                return outputs
             replay = self.replays[key] = self._new_replay(args, shapes, at)
         before = torch.cuda.memory_reserved() if self.graphs and key not in self.recordings else None
         outputs = replay.replay(args)
@@ -131,7 +141,7 @@ class BucketedGraphs:
                                              torch.cuda.memory_reserved() - before)
         if key in self.recordings:
             self.recordings[key].calls += 1
-        args.clear()
+        given.clear()
         dims = self.plan.outputs + [None] * len(outputs)
         return [self._cut(o, d, values, at) for o, d in zip(outputs, dims)]
 
@@ -155,6 +165,15 @@ class BucketedGraphs:
         cut = o.reshape(sizes)[tuple(slice(0, values[f]) if f in self.padded else slice(None)
                                      for f in factors)]
         return cut.clone().reshape([int(sympy.prod([values.get(f, f) for f in d])) for d in dims])
+
+
+def _real_sizes(values: list[int], device: torch.device) -> torch.Tensor:
+    """The sizes as a tensor on device; on a GPU copied from page-locked memory, which does not
+    wait for the work already queued."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def symbol_ranges(shape_env: Any, symbols: Any) -> dict[sympy.Symbol, tuple[int, int | None]]:
