@@ -67,3 +67,32 @@ def test_masked_reductions_through_kiln_equal_eager(fn):
     assert graphs.padded and graphs.plan.masked, graphs.text()
     assert "masked to the real size" in graphs.text()
     assert len(graphs.replays) == len({buckets.bucket(n, 2, None) for n in LENGTHS}), graphs.text()
+
+
+def _small_model(name: str):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    layers = dict(num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=512)
+    if name == "gpt2":
+        return transformers.GPT2Model(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=512))
+    if name == "bert":  # attention over all positions, masked; a pooler reading the first token
+        return transformers.BertModel(transformers.BertConfig(hidden_size=64, **layers))
+    return transformers.LlamaModel(transformers.LlamaConfig(hidden_size=64, num_key_value_heads=2, **layers))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "llama"])
+def test_transformers_models_pad_their_sequence(name):
+    """Real models' graphs (a key cache's first concatenation, fused q/k/v split, gathered
+    token types, causal and masked attention) pad the sequence: one recording per bucket."""
+    torch.manual_seed(0)
+    model = _small_model(name).eval()
+    compiled = kiln.compile(model, dynamic=True, mode="reduce-overhead")
+    before = len(REPORTS)
+    with torch.no_grad():
+        for n in LENGTHS:
+            ids = torch.randint(0, 512, (2, n))
+            assert_same(compiled(ids).last_hidden_state, model(ids).last_hidden_state)
+    s = kiln.stats()
+    assert s.graphs_compiled == 1 and not s.graphs_in_aten, s
+    graphs = REPORTS[before].graphs
+    assert len(graphs.replays) == len({buckets.bucket(n, 2, None) for n in LENGTHS}), graphs.text()

@@ -202,6 +202,25 @@ def test_masked_integer_sums_and_a_size_as_a_value(capture):
     assert sequence in plan.padded and sequence in plan.masked, plan.text()
 
 
+def _views_and_picks(x):
+    q, k = x.split([32, 32], dim=-1)  # along the features
+    table = torch.arange(64.0).expand(x.shape[0], 64)
+    positions = torch.arange(x.shape[1]).expand(x.shape[0], -1)
+    types = torch.gather(table, 1, positions)  # a fixed table read at each position
+    cached = torch.cat([torch.tensor([]), k], dim=1)  # a key cache's first step
+    return q * cached + types[..., None] + x.select(1, 0)[:, None, :32]  # the first position: real
+
+
+def test_splits_gathers_and_the_first_position_keep_positions_apart(capture):
+    compiled = torch.compile(_views_and_picks, backend=capture.backend, dynamic=True)
+    with torch.no_grad():
+        for n in (5, 9, 30):
+            x = torch.randn(3, n, 64)
+            torch.testing.assert_close(compiled(x), _views_and_picks(x))
+    program = capture.programs[-1]
+    assert _sizes_of_input(program.plan)[1] in program.padded, program.plan.text()
+
+
 def test_a_graph_not_bound_by_launches_keeps_each_size(capture):
     capture.pad = False
     compiled = torch.compile(_mlp, backend=capture.backend, dynamic=True)

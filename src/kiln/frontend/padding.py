@@ -470,14 +470,30 @@ def _select(an: _Analysis, n: fx.Node, args: list, out: Any) -> _Value:
     v = args[0]
     dim = n.args[1] % len(v.dims)
     if _free(v.dims[dim], an.padded):
-        raise _Mixes(_free(v.dims[dim], an.padded), f"{_name(n)} picks from a padded dimension")
+        index = n.args[2]
+        size = n.args[0].meta["val"].shape[dim]
+        if len(v.dims[dim]) != 1 or not isinstance(index, int) or not 0 <= index < _least(size):
+            raise _Mixes(_free(v.dims[dim], an.padded), f"{_name(n)} picks from a padded dimension")
+        # a position below the size's least value is real at every size (a pooler's first token)
     return _Value(v.dims[:dim] + v.dims[dim + 1:], uniform=v.uniform)
+
+
+def _least(size: Any) -> int:
+    """The least value a size may take under the shape environment's ranges (0 if unknown)."""
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    try:
+        return int(size.node.shape_env.bound_sympy(size.node.expr).lower)
+    except Exception:  # noqa: BLE001 - no range known: assume nothing
+        return 0
 
 
 def _cat(an: _Analysis, n: fx.Node, args: list, out: Any) -> _Value:
     parts = [an.value(x) for x in n.args[0]]
     dim = (n.args[1] if len(n.args) > 1 else 0) % out.dim()
     parts = [p for p in parts if isinstance(p, _Value) and len(p.dims) == out.dim()]
+    if len(parts) == 1:  # the others are cat's legacy empty tensors (a key cache's first step)
+        return parts[0]
     touched = _free([p.dims[dim] for p in parts], an.padded)
     if touched:
         raise _Mixes(touched, f"{_name(n)} joins along a padded dimension")
@@ -498,6 +514,27 @@ def _index_select(an: _Analysis, n: fx.Node, args: list, out: Any) -> _Value:
     if _free(v.dims[dim], an.padded):
         raise _Mixes(_free(v.dims[dim], an.padded), f"{_name(n)} picks from a padded dimension")
     return _Value(v.dims[:dim] + [index.dims[0] if index.dims else ()] + v.dims[dim + 1:])
+
+
+def _split(an: _Analysis, n: fx.Node, args: list, out: Any) -> tuple:
+    v = args[0]
+    dim = (n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)) % len(v.dims)
+    if _free(v.dims[dim], an.padded):
+        raise _Mixes(_free(v.dims[dim], an.padded), f"{_name(n)} cuts a padded dimension")
+    return tuple(_Value(v.dims[:dim] + [_dim_of(t.shape[dim], an.padded)] + v.dims[dim + 1:], v.uniform)
+                 for t in out)
+
+
+def _gather(an: _Analysis, n: fx.Node, args: list, out: Any) -> _Value:
+    """out[..., i, ...] = x[..., index[..., i, ...], ...] along dim: a table of fixed size along
+    dim keeps the index's positions."""
+    v, index = args[0], args[2]
+    dim = n.args[1] % max(len(v.dims), 1)
+    if _free(v.dims[dim], an.padded):
+        raise _Mixes(_free(v.dims[dim], an.padded), f"{_name(n)} picks from a padded dimension")
+    others = [_Value(x.dims[:dim] + x.dims[dim + 1:]) for x in (v, index)]
+    _broadcast(others, len(index.dims) - 1, an.padded, _name(n))
+    return _Value(list(index.dims))
 
 
 def _native_layer_norm(an: _Analysis, n: fx.Node, args: list, out: Any) -> tuple:
@@ -577,6 +614,7 @@ _HANDLERS = {
     aten.baddbmm.default: _matmul,
     aten.slice.Tensor: _slice, aten.select.int: _select, aten.cat.default: _cat,
     aten.embedding.default: _embedding, aten.index_select.default: _index_select,
+    aten.gather.default: _gather, aten.split_with_sizes.default: _split, aten.split.Tensor: _split,
     aten.native_layer_norm.default: _native_layer_norm,
     aten.copy.default: _pointwise,
     **{op: _attention for op in _ATTENTION},
