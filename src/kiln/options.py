@@ -28,10 +28,10 @@ class Options:
     eager_random: leave dropout, rand, randn and bernoulli to ATen, keeping eager's random
         stream (and a saved dropout mask); by default kiln generates them inside its kernels
         from a Philox stream of its own (docs/random.md). KILN_EAGER_RANDOM=1 sets it.
-    matmul_templates: Triton matmul templates with fused epilogues (passes/matmul.py): None
-        (the default) lets the cost model choose them per matmul on GPUs; True uses them
-        wherever they apply (the Triton interpreter included); False keeps every matmul in
-        ATen (cuBLAS). The C++ target always keeps ATen's. KILN_MATMUL_TEMPLATES=0/1 sets it.
+    matmul_templates: matmul templates with fused epilogues (passes/matmul.py; Triton on
+        GPUs, C++ on CPUs): None (the default) lets the cost model choose them per matmul;
+        True uses them wherever they apply (the Triton interpreter included); False keeps
+        every matmul in ATen (cuBLAS, oneDNN). KILN_MATMUL_TEMPLATES=0/1 sets it.
     """
 
     fullgraph: bool = False

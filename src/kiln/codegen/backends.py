@@ -48,7 +48,7 @@ class Backend:
     # loads; a GPU's are nearly free, and storing would add a launch
     store_broadcast_math: bool = False
     # matmul templates with fused epilogues (passes/matmul.py): False never, True wherever
-    # they apply, None where the cost model predicts they pay (on GPUs)
+    # they apply, None where the cost model predicts they pay
     matmul_templates: bool | None = False
     # whether a matmul template's first call times cuBLAS against it (max-autotune)
     times_matmuls: bool = False
@@ -73,7 +73,7 @@ def _cpp(options) -> Backend:
     # a reduction to a few values would run on one core: split it, a few chunks per thread
     return Backend("cpp", "C++", cpp_group.render, build, True, cpp.ROW_SCRATCH_LIMIT, False,
                    busy_programs=4 * torch.get_num_threads(), column_block=cpp.COLUMN_BLOCK, group_members=64,
-                   store_broadcast_math=True)
+                   store_broadcast_math=True, matmul_templates=options.matmul_templates)
 
 
 def _triton(options) -> Backend:

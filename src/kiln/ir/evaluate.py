@@ -62,9 +62,9 @@ def evaluate(roots: list[Node], given: dict[Node, torch.Tensor], wide: bool,
     for node, tensor in given.items():
         values[node] = _widened(tensor, wide)
     for node in subgraph(roots, set(given)):
-        if node.op in MATERIALIZED:
+        if node.op in MATERIALIZED and not _in_kernel_matmul(node):
             raise NotEvaluable(f"%{node.id} ({node.op.value}) is computed outside kernels and was not given")
-        evaluate_node = _EVALUATORS[node.op]
+        evaluate_node = _matmul if node.op is Op.EXTERN else _EVALUATORS[node.op]
         out = evaluate_node(node, [values[i] for i in node.inputs], sizes)
         out = out.to(value_dtype(node.dtype, wide))
         if noise is not None and wide and node.dtype.is_floating_point and node.op is not Op.CONSTANT:
@@ -86,6 +86,10 @@ def _perturbed(node: Node, out: torch.Tensor, values: dict[Node, torch.Tensor],
         n = math.prod(terms.shape[a] for a in node.attrs[1])
         magnitude = terms.abs().to(torch.float64).sum(dim=tuple(node.attrs[1]))
         moved = moved + uniform() * eps * math.sqrt(n) * magnitude
+    if node.op is Op.EXTERN:  # a matmul's sums along k, in float32 (its dtype's for 16-bit ones)
+        a, b = (values[node.inputs[r.index]] for r in node.attrs[1][-2:])
+        magnitude = torch.mm(a.abs(), b.abs())
+        moved = moved + uniform() * torch.finfo(torch.float32).eps * math.sqrt(a.shape[-1]) * magnitude
     return moved
 
 
@@ -296,6 +300,21 @@ _REDUCTIONS: dict[str, Callable[[torch.Tensor, tuple[int, ...]], torch.Tensor]] 
     "argmax": lambda x, axes: _moved_last(x, axes).argmax(-1),
     "argmin": lambda x, axes: _moved_last(x, axes).argmin(-1),
 }
+
+_MATMULS = ("aten.mm.default", "aten.addmm.default")
+
+
+def _in_kernel_matmul(node: Node) -> bool:
+    """A matmul a kernel computes itself (a matmul template, ir/matmul.py: alpha = beta = 1)."""
+    return (node.op is Op.EXTERN and str(node.attrs[0]) in _MATMULS
+            and all(node.attrs[2].get(k, 1) == 1 for k in ("alpha", "beta")))
+
+
+def _matmul(node: Node, inputs: list[torch.Tensor], sizes: _SizeBinding) -> torch.Tensor:
+    args = [inputs[a.index] for a in node.attrs[1]]
+    product = torch.mm(args[-2], args[-1])
+    return product + args[0] if len(args) == 3 else product
+
 
 _EVALUATORS: dict[Op, Callable[[Node, list[torch.Tensor], _SizeBinding], torch.Tensor]] = {
     Op.CONSTANT: _constant,

@@ -13,6 +13,11 @@ import torch
 from kiln.ir.sizes import hint
 from kiln.passes.roofline import Ceilings, Cost, first_touch, function_cost, numel_hint, predict
 
+# A CPU library matmul of m rows runs at m / (m + HALF_RATE_ROWS) of its rate: its blocking
+# is built for many rows, and a product of a few rows is little more than its fixed work
+# (oneDNN on the CPUs measured, docs/benchmarks.md).
+HALF_RATE_ROWS = 16
+
 
 def _matmul_flops(args: list, out) -> float:
     """2MNK for a (batched) matmul: the output's elements times twice the shared dimension."""
@@ -72,13 +77,20 @@ def aten_cost(op: Any, args: list, out: Any, ceilings: Ceilings) -> Cost:
         except (IndexError, AttributeError, StopIteration, TypeError):
             flops = 0.0
         return predict(name, reads + writes, reads + writes, flops, flops, ceilings.launch_s, ceilings,
-                        ceilings.matmul_flop_per_s, "matmul")
+                       _matmul_rate(outputs[0], ceilings), "matmul")
     elements = sum(numel_hint(t.shape) for t in outputs)
     work = elements * function_cost(name, ceilings)
     c = predict(name, reads + writes, reads + writes, float(elements), work, ceilings.launch_s, ceilings,
                  ceilings.ops_per_s, "compute")
     threshold = ceilings.fresh_alloc_bytes or math.inf
     return first_touch(c, sum(n for n in map(tensor_bytes, outputs) if n >= threshold), ceilings)
+
+
+def _matmul_rate(out: torch.Tensor, ceilings: Ceilings) -> float:
+    if not ceilings.device.startswith("cpu") or out.dim() < 2:
+        return ceilings.matmul_flop_per_s
+    rows = hint(out.shape[-2])
+    return ceilings.matmul_flop_per_s * rows / (rows + HALF_RATE_ROWS)
 
 
 def launches_nothing(op: Any) -> bool:

@@ -30,8 +30,10 @@ from kiln.passes.roofline import (
     Ceilings,
     Cost,
     first_touch,
+    fits_cache,
     function_cost,
     is_launch_bound,
+    memory_seconds,
     numel_hint,
     predict,
     with_launch,
@@ -204,6 +206,15 @@ def touched_bytes(kernel: Kernel) -> dict[str, int]:
 # operands on Hopper), as timed on the H200 (docs/benchmarks.md): a template is chosen only
 # where fusing saves more than that.
 TEMPLATE_MATMUL_EFFICIENCY = 0.7
+# The share of ATen's matmul rate (oneDNN) the C++ template (codegen/cpp_matmul.py) reaches
+# where its operands are contiguous along its loops, as timed on the CPU (docs/benchmarks.md):
+# it pays only where ATen's call and the separate epilogue cost more than the product.
+CPU_TEMPLATE_MATMUL_EFFICIENCY = 0.45
+
+
+def template_efficiency(ceilings: Ceilings) -> float:
+    """The share of the device's matmul rate a matmul template of its backend reaches."""
+    return CPU_TEMPLATE_MATMUL_EFFICIENCY if ceilings.device.startswith("cpu") else TEMPLATE_MATMUL_EFFICIENCY
 
 
 def _without_product(kernel) -> Kernel:
@@ -214,16 +225,18 @@ def _without_product(kernel) -> Kernel:
 
 
 def matmul_template_cost(kernel, ceilings: Ceilings, wave_share: float = 1.0) -> Cost:
-    """One launch of a matmul template: the product at TEMPLATE_MATMUL_EFFICIENCY of the
-    matmul rate, times the share of SMs its waves of tiles keep busy (from the backend, 1
-    where not given), reading each operand once and what the epilogue reads, writing its
-    stores."""
+    """One launch of a matmul template: the product at the template's share of the matmul
+    rate (template_efficiency), times the share of SMs its waves of tiles keep busy (from the
+    backend, 1 where not given), reading each operand once and what the epilogue reads,
+    writing its stores."""
     epilogue = kernel_cost(_without_product(kernel), ceilings)
     operands = (kernel.m + kernel.n) * kernel.k * kernel.operand_dtype.itemsize
     must_move = epilogue.must_move + operands
     flops = 2.0 * kernel.m * kernel.n * kernel.k
-    rate = ceilings.matmul_flop_per_s * TEMPLATE_MATMUL_EFFICIENCY * wave_share
-    memory_s = must_move / ceilings.copy_bytes_per_s
+    rate = ceilings.matmul_flop_per_s * template_efficiency(ceilings) * wave_share
+    # on a CPU, as its ATen call is (aten_cost): from the last-level cache where it fits
+    cached = must_move if ceilings.device.startswith("cpu") and fits_cache(must_move, ceilings) else 0
+    memory_s = memory_seconds(must_move, cached, ceilings)
     busy = max(memory_s, flops / rate, epilogue.busy_s)
     bound = "memory" if memory_s >= flops / rate else "matmul"
     floor_s = max(memory_s, flops / ceilings.matmul_flop_per_s)

@@ -1,14 +1,14 @@
 """Matmul templates: an ATen matmul whose product only an element-wise kernel reads becomes
-one Triton kernel (ir/matmul.py) that computes the product tile by tile and applies that
-kernel's work (bias, activation, residual add, casts, scaling) before storing anything,
-where passes/matmul_choice.py predicts it beats cuBLAS plus the separate kernel. The product then
-never goes through memory.
+one kernel (ir/matmul.py; Triton on GPUs, C++ on CPUs) that computes the product tile by tile
+and applies that kernel's work (bias, activation, residual add, casts, scaling) before storing
+anything, where passes/matmul_choice.py predicts it beats the library's matmul (cuBLAS, ATen's
+oneDNN) plus the separate kernel. The product then never goes through memory.
 
 A product qualifies when it is mm or addmm (alpha = beta = 1) of 2-D operands of one
 floating dtype and of static sizes, and its first reader is a point-wise kernel of the
 product's own domain that reads, at each point, its own element. Readers after that kernel
 (kernels, ATen calls, outputs) read the product from its buffer, which the template then
-stores too. Every matmul gets a Decision: the template, or cuBLAS and why.
+stores too. Every matmul gets a Decision: the template, or the library and why.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from kiln.options import env_debug
 from kiln.passes.aten_cost import aten_cost
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
 from kiln.passes.layout import node_label
-from kiln.passes.matmul_choice import choose_matmul, refuse_spilling
+from kiln.passes.matmul_choice import GPU_MATMUL, MatmulTarget, refuse_spilling
+from kiln.passes.overlap import is_wait
 from kiln.passes.roofline import Cost
 
 aten = torch.ops.aten
 MATMULS = (aten.mm.default, aten.addmm.default)
 TEMPLATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-MIN_SIDE = 16  # tl.dot's smallest tile side
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class _Matmul:
     bias: Node | None
 
 
-def _as_matmul(node: Node) -> tuple[_Matmul | None, str]:
+def _as_matmul(node: Node, min_side: int) -> tuple[_Matmul | None, str]:
     """The operands of a matmul the template computes, or why not."""
     target, args, kwargs = node.attrs[0], node.attrs[1], node.attrs[2]
     if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
@@ -59,8 +59,8 @@ def _as_matmul(node: Node) -> tuple[_Matmul | None, str]:
     if any(is_symbolic(s) for t in tensors for s in t.shape):
         return None, "sizes of a shape family (the template is compiled for static sizes)"
     (m, k), n = a.shape, b.shape[1]
-    if min(m, n, k) < MIN_SIDE:
-        return None, f"{m} x {n} x {k} has a side under {MIN_SIDE}"
+    if min(m, n, k) < min_side:
+        return None, f"{m} x {n} x {k} has a side under {min_side}"
     if bias is not None and len(bias.shape) > 2:
         return None, "a bias of more than 2 dimensions"
     return _Matmul(node, a, b, bias), ""
@@ -172,6 +172,14 @@ def _first_epilogue(readers: list, sched: Schedule, kernels, product: str, node:
     return first, param, len(readers) > 1
 
 
+def _waits_for_communication(epilogue: Kernel, mm: _Matmul, sched: Schedule, names) -> bool:
+    """Whether the epilogue reads a collective's result that the matmul's operands do not:
+    fused, the matmul would wait for the data instead of running while it travels."""
+    waited = {names[s] for s in sched.steps if not isinstance(s, KernelPlan) and is_wait(s) and s in names}
+    operands = {names.get(sched.aliases[n].base if n in sched.aliases else n) for n in (mm.a, mm.b)}
+    return bool(waited & set(epilogue.args)) and not waited & operands
+
+
 def _template(
     mm: _Matmul, epilogue: Kernel | None, param: str | None, product: str, sched, names, layouts
 ) -> MatmulKernel | None:
@@ -254,6 +262,7 @@ def use_templates(
     timed: bool = False,
     tile=None,
     spills=None,
+    target: MatmulTarget = GPU_MATMUL,
 ) -> list[Decision]:
     """Fuse qualifying matmuls into their epilogue kernels (in sched.steps and kernels), as
     forced (every qualifying one) or as the cost model chooses; returns the decisions. timed
@@ -261,7 +270,7 @@ def use_templates(
     call times cuBLAS with the epilogue as a kernel of its own against its configurations.
     tile: the backend's (BLOCK_M, BLOCK_N, share of SMs busy) for a MatmulKernel; spills: the
     stack bytes a thread of its compiled binary spills (a template the cost model chose is
-    compiled to learn it)."""
+    compiled to learn it); target: the backend's sides, choice and library."""
     decisions = []
     for node in [s for s in sched.steps if not isinstance(s, KernelPlan)]:
         if node.op is not Op.EXTERN or node.attrs[0] not in MATMULS:
@@ -269,13 +278,14 @@ def use_templates(
         label = node_label(node) + f" {node.attrs[0]}"
         try:
             decisions.append(
-                _decide(node, label, sched, kernels, names, layouts, forced, ceilings, timed, tile, spills)
+                _decide(node, label, sched, kernels, names, layouts, forced, ceilings, timed, tile, spills,
+                        target)
             )
         except Exception as e:  # a template is an optimization: its failure must not fail the program
             if env_debug():
                 raise
             decisions.append(
-                Decision(label, "cuBLAS", f"no template: internal error {type(e).__name__}: {e}")
+                Decision(label, target.library, f"no template: internal error {type(e).__name__}: {e}")
             )
     decided = {d.node for d in decisions}  # these replace the calls' decisions to run in ATen
     sched.decisions[:] = [d for d in sched.decisions if not (d.verdict == "extern" and d.node in decided)]
@@ -283,28 +293,33 @@ def use_templates(
 
 
 def _decide(
-    node: Node, label: str, sched, kernels, names, layouts, forced, ceilings, timed, tile, spills=None
+    node: Node, label: str, sched, kernels, names, layouts, forced, ceilings, timed, tile, spills=None,
+    target: MatmulTarget = GPU_MATMUL,
 ) -> Decision:
-    """One matmul: a template in the schedule (and its Decision), or cuBLAS and why."""
-    mm, why = _as_matmul(node)
+    """One matmul: a template in the schedule (and its Decision), or the library and why."""
+    library = target.library
+    mm, why = _as_matmul(node, target.min_side)
     if mm is None:
-        return Decision(label, "cuBLAS", f"no template: {why}")
+        return Decision(label, library, f"no template: {why}")
     product = names[node]
     readers = _readers(product, node, sched, kernels, names)
     plan, param, store_too = _first_epilogue(readers, sched, kernels, product, node)
     why = "" if plan is not None else param
     epilogue = separate = kernels[id(plan)] if plan is not None else None
+    if epilogue is not None and _waits_for_communication(epilogue, mm, sched, names):
+        return Decision(label, library, "no template: its epilogue reads a collective's result, which the "
+                                        "matmul, apart, runs while the data travels (passes/overlap.py)")
     if store_too:
         epilogue = _with_product_stored(epilogue, param, product, layouts, node)
         if epilogue is None:
-            return Decision(label, "cuBLAS", "no template: the product's strides are not numbers")
+            return Decision(label, library, "no template: the product's strides are not numbers")
     template = _template(mm, epilogue, param, product, sched, names, layouts)
     if template is None:
         why = "an operand's strides are not numbers, or the epilogue overwrites an operand"
-        return Decision(label, "cuBLAS", f"no template: {why}")
-    # against cuBLAS, which writes the product itself, and the epilogue's kernel as it is
+        return Decision(label, library, f"no template: {why}")
+    # against the library, which writes the product itself, and the epilogue's kernel as it is
     share = tile(template)[2] if tile is not None else 1.0
-    choice = choose_matmul(template, separate, _cublas_cost(mm, ceilings), ceilings, forced, share)
+    choice = target.choose(template, separate, _cublas_cost(mm, ceilings), ceilings, forced, share)
     if choice.template and not forced and not timed and spills is not None:
         choice = refuse_spilling(choice, spills(template))
     # 16-bit operands only: eager's float32 matmul is IEEE float32, where cuBLAS wins
@@ -313,7 +328,7 @@ def _decide(
         timing = f"timed against cuBLAS at the first call (max-autotune); predicted {choice.reason}"
         choice = dataclasses.replace(choice, template=True, reason=timing)
     if not choice.template:
-        return Decision(label, "cuBLAS", choice.reason + (f" ({why})" if why else ""))
+        return Decision(label, library, choice.reason + (f" ({why})" if why else ""))
     _replace(sched, kernels, node, plan, template, store_too)
     fused = "with its epilogue" if plan is not None else "storing the product"
     fused += ", storing the product too" if store_too else ""

@@ -1,10 +1,12 @@
-"""A matmul template (ir/matmul.py) against cuBLAS and a separate epilogue kernel: which one
-a matmul with a fused epilogue takes, from the predicted times of both."""
+"""A matmul template (ir/matmul.py) against the library's matmul (cuBLAS on GPUs, ATen's oneDNN
+on CPUs) and a separate epilogue kernel: which one a matmul with a fused epilogue takes, from
+the predicted times of both."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 from kiln.ir.kernel import Kernel
 from kiln.passes.cost import kernel_cost, matmul_template_cost
@@ -50,6 +52,42 @@ def choose_matmul(template, epilogue: Kernel | None, cublas: Cost, ceilings: Cei
     if fused < separate:
         return MatmulChoice(True, f"template with the epilogue fused: {times}", fused, separate)
     return MatmulChoice(False, f"cuBLAS: {times}", fused, separate)
+
+
+def choose_cpu_matmul(template, epilogue: Kernel | None, aten: Cost, ceilings: Ceilings,
+                      forced: bool, wave_share: float = 1.0) -> MatmulChoice:
+    """The C++ template (codegen/cpp_matmul.py) pays where ATen's call and the epilogue's own
+    kernel cost more than what the template gives up to oneDNN's rate: a product of a few
+    rows, where the library's fixed cost is most of its time."""
+    from kiln.codegen.cpp_matmul import form
+
+    if forced:
+        return MatmulChoice(True, "matmul templates forced on (option matmul_templates=True)")
+    if epilogue is None:
+        return MatmulChoice(False, "ATen: no element-wise epilogue reads the product")
+    if form(template) is None:
+        return MatmulChoice(False, "ATen: neither operand layout the template reads contiguously "
+                                   "(A and B along k, or B along n)")
+    fused = matmul_template_cost(template, ceilings).seconds
+    separate = aten.seconds + kernel_cost(epilogue, ceilings).seconds
+    times = f"template {fused * 1e6:.1f} us, ATen + epilogue kernel {separate * 1e6:.1f} us predicted"
+    if fused < separate:
+        return MatmulChoice(True, f"template with the epilogue fused: {times}", fused, separate)
+    return MatmulChoice(False, f"ATen: {times}", fused, separate)
+
+
+@dataclass(frozen=True)
+class MatmulTarget:
+    """What a backend's matmul templates take: the smallest side, the choice against the
+    library, and the library's name (a Decision's verdict)."""
+
+    min_side: int
+    choose: Callable[..., MatmulChoice]
+    library: str
+
+
+GPU_MATMUL = MatmulTarget(16, choose_matmul, "cuBLAS")  # tl.dot's smallest tile side
+CPU_MATMUL = MatmulTarget(1, choose_cpu_matmul, "ATen")
 
 
 # Stack bytes a thread of a template may spill at its tile: a little spilling costs little, a

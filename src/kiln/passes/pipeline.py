@@ -293,15 +293,20 @@ def _launch_bound(example_inputs) -> Callable[[Kernel], bool]:
 
 
 def _matmul_templates(sched, kernels, names, layouts, backend: Backend, example_inputs) -> list[Decision]:
-    """passes/matmul.py where the backend has templates: forced, or by the cost model on a GPU."""
+    """passes/matmul.py where the backend has templates: forced, or by the cost model (C++ on
+    a CPU, Triton on a GPU)."""
+    from kiln.passes.matmul_choice import CPU_MATMUL, GPU_MATMUL
+
     if backend.matmul_templates is False:
         return []
-    if backend.matmul_templates is None and graph_device(example_inputs).type != "cuda":
-        return []
-    ceilings = _gpu_ceilings(example_inputs)
+    cpu = backend.name == "cpp"
+    if backend.matmul_templates is None and not cpu and graph_device(example_inputs).type != "cuda":
+        return []  # Triton's interpreter: only where forced
+    ceilings = _cpu_ceilings() if cpu else _gpu_ceilings(example_inputs)
     forced = backend.matmul_templates is True
     timed, tile = backend.times_matmuls, backend.matmul_tile
-    return use_templates(sched, kernels, names, layouts, forced, ceilings, timed, tile, backend.matmul_spills)
+    return use_templates(sched, kernels, names, layouts, forced, ceilings, timed, tile, backend.matmul_spills,
+                         CPU_MATMUL if cpu else GPU_MATMUL)
 
 
 def _launch_roots(sched: Schedule, kernels: dict[int, Kernel]) -> dict[tuple, list[Node]]:
