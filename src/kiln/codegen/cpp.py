@@ -533,7 +533,10 @@ class _Renderer:
             depth += 1
         self.emit(depth, f"for (int64_t xb = 0; xb < {sc(x.extent)}; xb += {xb}) {{")
         depth += 1
-        self.emit(depth, f"const int64_t xn = std::min<int64_t>({xb}, {sc(x.extent)} - xb);")
+        if not is_symbolic(x.extent) and x.extent % xb == 0:  # a constant trip count: loops unrolled
+            self.emit(depth, f"constexpr int64_t xn = {xb};")
+        else:
+            self.emit(depth, f"const int64_t xn = std::min<int64_t>({xb}, {sc(x.extent)} - xb);")
         finished: list[tuple[str, str]] = []
         block_loop = "for (int64_t xi = 0; xi < xn; ++xi) {"
         for stage in kern.stages:
