@@ -22,8 +22,9 @@ from kiln.codegen.cpp import STORAGE_TYPE, CppUnsupported
 from kiln.ir import kernel as k
 from kiln.ir.matmul import MatmulKernel, Operand
 
-# a "dot" block: DOT_ROWS x COLUMNS outputs, each a SIMD sum along k (eight vector accumulators)
-DOT_ROWS, COLUMNS = 2, 4
+# a "dot" block: DOT_ROWS x COLUMNS outputs, each a SIMD sum along k (eight vector accumulators);
+# a single row's block: ROW_COLUMNS outputs (as many accumulators, to hide the FMAs' latency)
+DOT_ROWS, COLUMNS, ROW_COLUMNS = 2, 4, 8
 ROWS, PANEL = 4, 64  # a "rows" block: ROWS x PANEL float32 accumulators, sixteen 512-bit registers
 
 
@@ -135,35 +136,45 @@ class _TemplateRenderer(cpp._Renderer):
         self.emit(depth + 1, f"acc[{row}][{col}] = s;")
         self.emit(depth, "}")
 
-    def _dot(self) -> None:
-        """Blocks of DOT_ROWS x COLUMNS outputs, each a SIMD sum along k: each loaded element of
-        A serves COLUMNS outputs, each of B serves DOT_ROWS."""
+    def _dot_block(self, rows: int, columns: int, row0: str, depth: int) -> None:
+        """acc[row0 + r][c0 + c] for a block of rows x columns outputs, each a SIMD sum along k:
+        each loaded element of A serves `columns` outputs, each of B `rows`."""
         mm = self.mm
+        sums = {(r, c): f"s{r}_{c}" for r in range(rows) for c in range(columns)}
+        self.emit(depth, f"float {' = 0.0f, '.join(sums.values())} = 0.0f;")
+        self.emit(depth, f"#pragma omp simd reduction(+:{','.join(sums.values())})")
+        self.emit(depth, f"for (int64_t kk = 0; kk < {mm.k}; ++kk) {{")
+        for r in range(rows):
+            self.emit(depth + 1, f"const float a{r} = {self._load(mm.a, f'i0 + {row0} + {r}', 'kk')};")
+        for c in range(columns):
+            self.emit(depth + 1, f"const float b{c} = {self._load(mm.b, 'kk', f'j0 + c0 + {c}')};")
+        for (r, c), s in sums.items():
+            self.emit(depth + 1, f"{s} += a{r} * b{c};")
+        self.emit(depth, "}")
+        for (r, c), s in sums.items():
+            self.emit(depth, f"acc[{row0} + {r}][c0 + {c}] = {s};")
+
+    def _dot(self) -> None:
+        """Blocks of DOT_ROWS x COLUMNS outputs; a block's last rows (a product of one row,
+        as a decode step's) one at a time, ROW_COLUMNS outputs together."""
         self._blocks(DOT_ROWS)
         self.emit(3, f"if (height == {DOT_ROWS}) {{")
         self.emit(4, "int64_t c0 = 0;")
         self.emit(4, f"for (; c0 + {COLUMNS} <= width; c0 += {COLUMNS}) {{")
-        sums = {(r, c): f"s{r}_{c}" for r in range(DOT_ROWS) for c in range(COLUMNS)}
-        self.emit(5, f"float {' = 0.0f, '.join(sums.values())} = 0.0f;")
-        self.emit(5, f"#pragma omp simd reduction(+:{','.join(sums.values())})")
-        self.emit(5, f"for (int64_t kk = 0; kk < {mm.k}; ++kk) {{")
-        for r in range(DOT_ROWS):
-            self.emit(6, f"const float a{r} = {self._load(mm.a, f'i0 + {r}', 'kk')};")
-        for c in range(COLUMNS):
-            self.emit(6, f"const float b{c} = {self._load(mm.b, 'kk', f'j0 + c0 + {c}')};")
-        for (r, c), s in sums.items():
-            self.emit(6, f"{s} += a{r} * b{c};")
-        self.emit(5, "}")
-        for (r, c), s in sums.items():
-            self.emit(5, f"acc[{r}][c0 + {c}] = {s};")
+        self._dot_block(DOT_ROWS, COLUMNS, "0", 5)
         self.emit(4, "}")
         self.emit(4, "for (int64_t c = c0; c < width; ++c)")
         self.emit(5, f"for (int64_t r = 0; r < {DOT_ROWS}; ++r)")
         self._dot_one("r", "c", 6)
         self.emit(3, "} else {")
-        self.emit(4, "for (int64_t r = 0; r < height; ++r)")
-        self.emit(5, "for (int64_t c = 0; c < width; ++c)")
+        self.emit(4, "for (int64_t r = 0; r < height; ++r) {")
+        self.emit(5, "int64_t c0 = 0;")
+        self.emit(5, f"for (; c0 + {ROW_COLUMNS} <= width; c0 += {ROW_COLUMNS}) {{")
+        self._dot_block(1, ROW_COLUMNS, "r", 6)
+        self.emit(5, "}")
+        self.emit(5, "for (int64_t c = c0; c < width; ++c)")
         self._dot_one("r", "c", 6)
+        self.emit(4, "}")
         self.emit(3, "}")
         self._tile_epilogue()
 
