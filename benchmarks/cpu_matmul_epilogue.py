@@ -111,7 +111,8 @@ def main() -> None:
                 samples = time_interleaved(variants, inputs, args.repeat)
                 chosen = _choice(fn, inputs)
             us = {name: statistics.median(s) * 1e6 for name, s in samples.items()}
-            times = " | ".join(f"{us[name]:.1f}" for name in ("eager", "inductor", "aten", "template", "default"))
+            names = ("eager", "inductor", "aten", "template", "default")
+            times = " | ".join(f"{us[name]:.1f}" for name in names)
             print(f"| {layout} | {m} x {k} x {n} | {times} | {chosen} | {us['template'] / us['aten']:.2f} "
                   f"| {us['default'] / us['inductor']:.2f} |", flush=True)
 
