@@ -489,11 +489,12 @@ def _least(size: Any) -> int:
 
 
 def _cat(an: _Analysis, n: fx.Node, args: list, out: Any) -> _Value:
-    parts = [an.value(x) for x in n.args[0]]
     dim = (n.args[1] if len(n.args) > 1 else 0) % out.dim()
-    parts = [p for p in parts if isinstance(p, _Value) and len(p.dims) == out.dim()]
-    if len(parts) == 1:  # the others are cat's legacy empty tensors (a key cache's first step)
+    legacy_empty = [x for x in n.args[0] if tuple(x.meta["val"].shape) == (0,)]  # cat skips them
+    parts = [an.value(x) for x in n.args[0] if x not in legacy_empty]
+    if len(parts) == 1 and isinstance(parts[0], _Value):  # a key cache's first step
         return parts[0]
+    parts = [p for p in parts if isinstance(p, _Value) and len(p.dims) == out.dim()]
     touched = _free([p.dims[dim] for p in parts], an.padded)
     if touched:
         raise _Mixes(touched, f"{_name(n)} joins along a padded dimension")
