@@ -1,16 +1,17 @@
-"""The C++ matmul template (ir/matmul.py): the product computed block by block in float32
-registers and the epilogue applied to each element before anything is stored.
+"""The C++ matmul template (ir/matmul.py): the product computed block by block into a float32
+tile, then the epilogue run over the tile as the point-wise kernel it replaces runs (a SIMD
+loop along the columns) before anything is stored.
 
 Two loop forms, by the operands' layouts:
 - "dot": both operands contiguous along k (x @ W.t(), a Linear's weight as it is stored).
   Each output is a dot product along k, a SIMD reduction; a block of DOT_ROWS x COLUMNS
-  outputs shares its loads of A and B.
+  outputs shares its loads of A and B, and a row left over (a product of one row, as a decode
+  step's) computes ROW_COLUMNS outputs together.
 - "rows": B contiguous along n. A block of ROWS rows and PANEL columns accumulates
   A[i, k] * B[k, j0:j0 + PANEL] over k, a SIMD loop along the columns; each loaded row of B
   serves ROWS rows.
 Other layouts have no form (passes/matmul_choice.py keeps them in ATen; a forced template runs
-a scalar loop). Threads split the columns: each reads its own part of B, which for a few rows
-is most of the work.
+a scalar loop). Threads take blocks of columns and rows, where the product is large enough.
 """
 
 from __future__ import annotations
@@ -97,9 +98,10 @@ class _TemplateRenderer(cpp._Renderer):
         self.emit(0, "}")
         return "\n".join(self.lines)
 
-    def _parallel(self, blocks: int, collapse: int = 2) -> None:
+    def _parallel(self, blocks: int) -> None:
+        """Threads over the two outer loops, where there are blocks to share and work enough."""
         if blocks > 1 and self.mm.m * self.mm.n * self.mm.k >= cpp.PARALLEL_MIN_WORK:
-            self.emit(1, f"#pragma omp parallel for collapse({collapse}) schedule(static)")
+            self.emit(1, "#pragma omp parallel for collapse(2) schedule(static)")
 
     def _blocks(self, rows: int) -> None:
         """The loops over blocks of `rows` rows x PANEL columns (parallel where the work is
