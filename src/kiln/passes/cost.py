@@ -206,15 +206,20 @@ def touched_bytes(kernel: Kernel) -> dict[str, int]:
 # operands on Hopper), as timed on the H200 (docs/benchmarks.md): a template is chosen only
 # where fusing saves more than that.
 TEMPLATE_MATMUL_EFFICIENCY = 0.7
-# The share of ATen's matmul rate (oneDNN) the C++ template (codegen/cpp_matmul.py) reaches
-# where its operands are contiguous along its loops, as timed on the CPU (docs/benchmarks.md):
-# it pays only where ATen's call and the separate epilogue cost more than the product.
-CPU_TEMPLATE_MATMUL_EFFICIENCY = 0.45
+# The share of ATen's matmul rate (oneDNN) the C++ template (codegen/cpp_matmul.py) reaches in
+# each of its loop forms, as timed on the CPU (docs/benchmarks.md): it pays only where ATen's
+# call and the separate epilogue cost more than the product. A layout of no form runs a scalar
+# loop (a twentieth: an estimate, not timed).
+CPU_TEMPLATE_MATMUL_EFFICIENCY = {"dot": 0.45, "rows": 0.65, None: 0.05}
 
 
-def template_efficiency(ceilings: Ceilings) -> float:
+def template_efficiency(kernel, ceilings: Ceilings) -> float:
     """The share of the device's matmul rate a matmul template of its backend reaches."""
-    return CPU_TEMPLATE_MATMUL_EFFICIENCY if ceilings.device.startswith("cpu") else TEMPLATE_MATMUL_EFFICIENCY
+    if not ceilings.device.startswith("cpu"):
+        return TEMPLATE_MATMUL_EFFICIENCY
+    from kiln.codegen.cpp_matmul import form
+
+    return CPU_TEMPLATE_MATMUL_EFFICIENCY[form(kernel)]
 
 
 def _without_product(kernel) -> Kernel:
@@ -233,7 +238,7 @@ def matmul_template_cost(kernel, ceilings: Ceilings, wave_share: float = 1.0) ->
     operands = (kernel.m + kernel.n) * kernel.k * kernel.operand_dtype.itemsize
     must_move = epilogue.must_move + operands
     flops = 2.0 * kernel.m * kernel.n * kernel.k
-    rate = ceilings.matmul_flop_per_s * template_efficiency(ceilings) * wave_share
+    rate = ceilings.matmul_flop_per_s * template_efficiency(kernel, ceilings) * wave_share
     # on a CPU, as its ATen call is (aten_cost): from the last-level cache where it fits
     cached = must_move if ceilings.device.startswith("cpu") and fits_cache(must_move, ceilings) else 0
     memory_s = memory_seconds(must_move, cached, ceilings)
