@@ -124,7 +124,8 @@ class _Walk:
     mem_of: dict[str, int] = field(default_factory=dict)  # a name in the current program -> memory id
     next_id: int = 0
     current: int = 0
-    best: tuple[int, str, int, str, tuple[LiveBuffer, ...]] = (-1, "", 0, "", ())
+    # the peak so far: bytes, program, step, instruction, (memory id, buffer) live then
+    best: tuple[int, str, int, str, tuple[tuple[int, LiveBuffer], ...]] = (-1, "", 0, "", ())
 
     def new(self, name: str, buf: LiveBuffer) -> None:
         self.next_id += 1
@@ -150,7 +151,15 @@ class _Walk:
 
     def observe(self, program: str, step: int, ins: Any) -> None:
         if self.current > self.best[0]:
-            self.best = (self.current, program, step, instr_str(ins), tuple(self.live.values()))
+            self.best = (self.current, program, step, instr_str(ins), tuple(self.live.items()))
+
+    def saved_at_peak(self, program: str, saved: set[int]) -> None:
+        """A forward's peak inside it: the buffers it then returns to its backward are saved
+        for it already there (as they are at the return: written, by what)."""
+        nbytes, where, step, text, live = self.best
+        if where == program:
+            self.best = (nbytes, where, step, text, tuple(
+                (m, _replace(self.live.get(m, b), role=SAVED) if m in saved else b) for m, b in live))
 
 
 def _origin(report: Any, key: str) -> str:
@@ -254,7 +263,7 @@ def _arena(walk: _Walk, program: HostProgram | None, label: str) -> None:
 
 def _finish(walk: _Walk, peaks: dict[str, int]) -> PeakMemory:
     nbytes, program, step, text, live = walk.best
-    live = tuple(sorted(live, key=lambda b: -b.nbytes))
+    live = tuple(sorted((b for _, b in live), key=lambda b: -b.nbytes))
     return PeakMemory(max(nbytes, 0), program, step, text, live, peaks)
 
 
@@ -340,6 +349,7 @@ def step_peak(reports: list[Any]) -> PeakMemory | None:
             for mem in saved:
                 if mem is not None and mem in walk.live:
                     walk.live[mem] = _replace(walk.live[mem], role=SAVED)
+            walk.saved_at_peak(name, {m for m in saved if m is not None})
             pending.append((r, saved))
         elif pending and _is_backward_of(pending[-1][0], r):
             _, saved = pending.pop()
