@@ -800,10 +800,4 @@ def _finite_shift(m: str, t: torch.dtype) -> str:
 
 def render_kernel(kernel: k.Kernel) -> str:
     """The kernel as a C++ function; the build puts the prelude (cpp_prelude.h) before it."""
-    from kiln.ir.matmul import is_matmul
-
-    if is_matmul(kernel):
-        from kiln.codegen.cpp_matmul import render_template
-
-        return render_template(kernel)
     return _Renderer(split_at_divisors(merge_contiguous(kernel))).render()

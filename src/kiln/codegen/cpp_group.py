@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from kiln.codegen.cpp import STORAGE_TYPE, render_kernel
+from kiln.codegen.cpp import STORAGE_TYPE
+from kiln.codegen.cpp import render_kernel as _render_loops
+from kiln.codegen.cpp_matmul import render_template
 from kiln.ir.group import is_group, member_param
 from kiln.ir.kernel import Kernel
+from kiln.ir.matmul import is_matmul
+
+
+def render_kernel(kernel: Kernel) -> str:
+    """One kernel's C++: a matmul template's (cpp_matmul.py) or loop nests (cpp.py)."""
+    return render_template(kernel) if is_matmul(kernel) else _render_loops(kernel)
 
 
 def render(kernel: Kernel) -> str:
