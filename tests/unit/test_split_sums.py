@@ -7,7 +7,7 @@ import math
 import torch
 from planning import plan, tensor_graph
 
-from kiln.codegen import cpp
+from kiln.codegen import cpp, cpp_reductions
 from kiln.ir.tensor import Op
 from kiln.passes.split_reductions import MAX_SUM_CHUNK, split_reductions
 
@@ -32,9 +32,9 @@ def test_sums_of_integers_and_short_sums_are_not_split():
 
 
 def test_cpp_sums_long_rows_in_blocks_with_64_bit_counters():
-    _, (row,) = plan(lambda x: x.sum(-1), torch.randn(4, 3 * cpp.SUM_BLOCK + 5))
-    _, (column,) = plan(lambda x: x.sum(0), torch.randn(3 * cpp.SUM_BLOCK + 5, 70))
+    _, (row,) = plan(lambda x: x.sum(-1), torch.randn(4, 3 * cpp_reductions.SUM_BLOCK + 5))
+    _, (column,) = plan(lambda x: x.sum(0), torch.randn(3 * cpp_reductions.SUM_BLOCK + 5, 70))
     for kernel in (row, column):
         source = cpp.render_kernel(kernel)
-        assert f"+= {cpp.SUM_BLOCK})" in source and "_block" in source, source
+        assert f"+= {cpp_reductions.SUM_BLOCK})" in source and "_block" in source, source
         assert "for (int " not in source and "int32_t" not in source  # counts may pass 2**31

@@ -61,7 +61,7 @@ class Backend:
 
 
 def _cpp(options) -> Backend:
-    from kiln.codegen import cpp, cpp_group
+    from kiln.codegen import cpp, cpp_group, cpp_reductions
     from kiln.runtime import cpp_build
 
     def build(kernels, sources):
@@ -72,8 +72,8 @@ def _cpp(options) -> Backend:
     # on a CPU a re-read row comes from L1: keeping a plain load would only add a store
     # a reduction to a few values would run on one core: split it, a few chunks per thread
     return Backend("cpp", "C++", cpp_group.render, build, True, cpp.ROW_SCRATCH_LIMIT, False,
-                   busy_programs=4 * torch.get_num_threads(), column_block=cpp.COLUMN_BLOCK, group_members=64,
-                   store_broadcast_math=True, matmul_templates=options.matmul_templates)
+                   busy_programs=4 * torch.get_num_threads(), column_block=cpp_reductions.COLUMN_BLOCK,
+                   group_members=64, store_broadcast_math=True, matmul_templates=options.matmul_templates)
 
 
 def _triton(options) -> Backend:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from kiln.codegen.cpp import STORAGE_TYPE
 from kiln.codegen.cpp import render_kernel as _render_loops
 from kiln.codegen.cpp_matmul import render_template
+from kiln.codegen.cpp_values import STORAGE_TYPE
 from kiln.ir.group import is_group, member_param
 from kiln.ir.kernel import Kernel
 from kiln.ir.matmul import is_matmul

@@ -21,6 +21,9 @@ from kiln.ir.sizes import render as sc
 
 TILE = 16  # a transposing kernel's tile side, in elements
 
+# Below this many points per kernel, threads cost more than they save.
+PARALLEL_MIN_WORK = 1 << 15
+
 
 def at_least(n, limit: int) -> bool:
     """n >= limit; a size of a shape family counts as large (its kernels serve every size)."""

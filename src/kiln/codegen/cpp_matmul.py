@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from kiln.codegen import cpp
-from kiln.codegen.cpp import STORAGE_TYPE, CppUnsupported
+from kiln.codegen.cpp_lines import PARALLEL_MIN_WORK
+from kiln.codegen.cpp_values import STORAGE_TYPE, CppUnsupported, ctype, round_to
 from kiln.ir import kernel as k
 from kiln.ir.matmul import MatmulKernel, Operand
 
@@ -59,7 +60,7 @@ class _TemplateRenderer(cpp._Renderer):
             self.types[s.out] = s.dtype
             if s.dtype is torch.bfloat16:
                 self.rounded_bf16.add(s.out)
-            self.emit(depth, f"{cpp.ctype(k.compute_dtype(s.dtype))} {s.out} = product;")
+            self.emit(depth, f"{ctype(k.compute_dtype(s.dtype))} {s.out} = product;")
             return
         super().stmt(s, depth)
 
@@ -72,7 +73,7 @@ class _TemplateRenderer(cpp._Renderer):
         self.emit(depth, "{")
         if mm.bias is not None:
             value = f"{value} + {self._load(mm.bias, row, col)}"
-        self.emit(depth + 1, f"const float product = {cpp._round_to(value, mm.product_dtype)};")
+        self.emit(depth + 1, f"const float product = {round_to(value, mm.product_dtype)};")
         outer = list(mm.outer)
         if tuple(s.extent for s in outer) == (mm.m, mm.n):
             self.emit(depth + 1, f"const int64_t {outer[0].name} = {row};")
@@ -100,7 +101,7 @@ class _TemplateRenderer(cpp._Renderer):
 
     def _parallel(self, blocks: int) -> None:
         """Threads over the two outer loops, where there are blocks to share and work enough."""
-        if blocks > 1 and self.mm.m * self.mm.n * self.mm.k >= cpp.PARALLEL_MIN_WORK:
+        if blocks > 1 and self.mm.m * self.mm.n * self.mm.k >= PARALLEL_MIN_WORK:
             self.emit(1, "#pragma omp parallel for collapse(2) schedule(static)")
 
     def _blocks(self, rows: int) -> None:
