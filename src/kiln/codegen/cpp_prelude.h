@@ -23,13 +23,17 @@ KILN_SIMD double exp(double); KILN_SIMD double log(double); KILN_SIMD double tan
 }
 
 static inline float kiln_from_bf16(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; std::memcpy(&f, &u, 4); return f; }
-static inline uint16_t kiln_to_bf16(float f) {
-  if (f != f) return 0x7fc0;
+// Round to nearest, ties to even; every NaN becomes 0x7fc0, as eager's conversion. Both are
+// selects over 32-bit lanes, without a branch: a vector loop then needs no blend per lane.
+static inline uint32_t kiln_bf16_rounded_bits(float f) {
   uint32_t u; std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return (uint16_t)(u >> 16);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  return f != f ? 0x7fc00000u : r;
 }
-static inline float kiln_round_bf16(float f) { return kiln_from_bf16(kiln_to_bf16(f)); }
+static inline uint16_t kiln_to_bf16(float f) { return (uint16_t)(kiln_bf16_rounded_bits(f) >> 16); }
+static inline float kiln_round_bf16(float f) {
+  uint32_t r = kiln_bf16_rounded_bits(f); float o; std::memcpy(&o, &r, 4); return o;
+}
 static inline uint16_t kiln_bf16_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return (uint16_t)(u >> 16); }
 static inline float kiln_round_f16(float f) { return (float)(_Float16)f; }
 
