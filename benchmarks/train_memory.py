@@ -6,8 +6,8 @@
 Models: transformers' GPT-2 (LM head, tied) and BERT (masked LM), random weights, no download.
 The peak is what the step allocates on top of the memory held before it (parameters, batch):
 on CUDA torch.cuda.max_memory_allocated; on the CPU the running sum of the allocations and
-frees torch.profiler records (profile_memory=True). kiln's CPU arenas persist across calls, so
-the profiler of a warm step does not see them: their size is added to kiln's measured peak.
+frees torch.profiler records (profile_memory=True). kiln's CPU arena persists across calls, so
+the profiler of a warm step does not see it: its size is added to kiln's measured peak.
 kiln's own analysis of the step (passes/peak.py) is printed next to the measurement.
 """
 
@@ -64,15 +64,11 @@ def _cpu_peak(step) -> int:
     return peak
 
 
-def _arena_bytes(reports) -> int:
-    return sum(s.extent * s.dtype.itemsize for r in reports if r.host_program is not None
-               for s in r.host_program.arena)
-
-
 def run(variant: str, base, shape, device: str, dtype, steps: int, profile: bool = False) -> dict:
     import kiln
     from kiln.frontend.backend import REPORTS
     from kiln.passes.peak import step_peak
+    from kiln.runtime import host_ops
 
     model = copy.deepcopy(base).to(device).train()
     torch._dynamo.reset()
@@ -112,7 +108,7 @@ def run(variant: str, base, shape, device: str, dtype, steps: int, profile: bool
         sync()
         peak = torch.cuda.max_memory_allocated() - before
     else:
-        peak = _cpu_peak(step) + _arena_bytes(reports)
+        peak = _cpu_peak(step) + host_ops.shared_arena_bytes()
     clear()
     if profile and device == "cuda":
         from benchmarks.gpu_profile import print_profile

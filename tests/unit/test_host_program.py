@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -34,6 +35,7 @@ from kiln.ir.host import (
     Return,
     Slot,
     View,
+    arena_layout,
     constants_blob,
     op_name,
     resolve_op,
@@ -41,6 +43,7 @@ from kiln.ir.host import (
 from kiln.options import Options
 from kiln.passes.host_plan import kernel_digest
 from kiln.passes.memory import plan_memory
+from kiln.runtime import host_ops
 from kiln.tools.explain import report_text
 
 
@@ -277,6 +280,66 @@ def test_the_memory_pass_reuses_a_dead_buffers_slot():
     keep = first[0].clone()
     second = _run(planned, torch.randn(4, 4))  # the arena is reused: the first output is not in it
     assert torch.equal(first[0], keep) and torch.equal(keep, x.t() * 64) and not torch.equal(second[0], keep)
+
+
+def _doublings(side: int) -> HostProgram:
+    """x doubled three times through temporaries of side x side (two slots), then into the output."""
+    f32, shape, stride = torch.float32, (side, side), (side, 1)
+    body, src = [], "arg0"
+    for out in ("t1", "t2", "t3", "out"):
+        body += [Alloc(out, shape, stride, f32), Launch("double", (src, out), (out,), aligned=True)]
+        src = out
+    body.append(Return((Ref("out"),)))
+    return HostProgram("cpu", "tensors", 1, (InputSpec("arg0", 0, f32, shape, stride, "cpu"),), tuple(body))
+
+
+def test_programs_on_a_thread_share_one_arena_freed_with_them():
+    small, large = (plan_memory(_doublings(side))[0] for side in (4, 8))
+    assert arena_layout(small.arena)[1] == 2 * 64 and arena_layout(large.arena)[1] == 2 * 256
+    seen = {}
+
+    def on_a_new_thread():  # a thread of its own: no other test's program holds its arena
+        _double.aligned = _double
+        calls = {side: host_codegen.load(p, {"double": _double}) for side, p in ((4, small), (8, large))}
+        for side in (4, 8, 4):
+            x = torch.randn(side, side)
+            seen.setdefault("results", []).append(torch.equal(calls[side]([x.clone()])[0], x * 16))
+        seen["held"] = host_ops.shared_arena_bytes()
+        calls.clear()
+        gc.collect()
+        seen["after"] = host_ops.shared_arena_bytes()
+
+    thread = threading.Thread(target=on_a_new_thread)
+    thread.start()
+    thread.join()
+    assert seen == {"results": [True] * 3, "held": 2 * 256, "after": 0}  # the largest, not the sum
+
+
+def test_a_program_started_inside_another_gets_memory_of_its_own():
+    _double.aligned = _double
+    inner = host_codegen.load(plan_memory(_doublings(4))[0], {"double": _double})
+    inner_results = []
+
+    def double_around_inner(src, dst):  # a "kernel" that runs another compiled program midway
+        inner_results.append(torch.equal(inner([src.clone()])[0], src * 16))
+        dst.copy_(src * 2)  # src lies in the outer program's arena: the inner one must not touch it
+
+    double_around_inner.aligned = double_around_inner
+    outer = host_codegen.load(plan_memory(_doublings(4))[0], {"double": double_around_inner})
+    x = torch.randn(4, 4)
+    assert torch.equal(outer([x.clone()])[0], x * 16) and inner_results == [True] * 4
+
+
+def test_a_program_that_raises_hands_its_arena_back():
+    def failing(src, dst):
+        raise RuntimeError("the kernel failed")
+
+    failing.aligned = failing
+    call = host_codegen.load(plan_memory(_doublings(4))[0], {"double": failing})
+    with pytest.raises(RuntimeError, match="the kernel failed"):
+        call([torch.randn(4, 4)])
+    assert not host_ops._SHARED.busy
+    assert torch.equal(_run(plan_memory(_chain())[0], torch.ones(4, 4))[0], torch.full((4, 4), 64.0))
 
 
 def test_the_memory_pass_never_pools_an_output_or_a_buffer_an_aten_view_shares():

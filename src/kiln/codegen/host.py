@@ -47,6 +47,7 @@ class _Emitter:
     def __init__(self, program: HostProgram):
         self.program = program
         self.lines: list[str] = []
+        self.indent = "    "
         self.globals: dict[str, Any] = {"torch": torch, "device": torch.device(program.device)}
         self.slot_address = _slot_addresses(program)
         self.arena_views = _arena_views(program, self.slot_address)
@@ -65,7 +66,7 @@ class _Emitter:
         return name
 
     def emit(self, line: str) -> None:
-        self.lines.append("    " + line)
+        self.lines.append(self.indent + line)
 
 
 def _shape(sizes) -> str:
@@ -291,7 +292,9 @@ def generate(program: HostProgram, launchers: Mapping[str, Callable] | None = No
     if program.arena:
         arena = host_ops.thread_arena(program.arena, torch.device(program.device), e.arena_views)
         e.helper("arena_for_thread", arena)
-        e.emit("arena, arena_address, arena_view = arena_for_thread()")
+        e.emit("arena, arena_address, arena_view, arena_release = arena_for_thread()")
+        e.emit("try:")  # the arena is handed back however the program ends
+        e.indent += "    "
     if program.checks:
         e.helper("zeros", torch.zeros)
         e.helper("checks", program.checks)
@@ -301,6 +304,10 @@ def generate(program: HostProgram, launchers: Mapping[str, Callable] | None = No
             _launch(e, ins, launchers)
         else:
             _RENDER[type(ins)](e, ins)
+    if program.arena:
+        e.indent = "    "
+        e.emit("finally:")
+        e.emit("    arena_release()")
     return "def call(args):\n" + "\n".join(e.lines) + "\n", e.globals
 
 

@@ -93,6 +93,19 @@ class Slot:
     extent: Size
 
 
+SLOT_ALIGN = 64  # bytes: a cache line, and the widest vector a kernel loads
+
+
+def arena_layout(slots: tuple[Slot, ...]) -> tuple[list[int], int]:
+    """Each slot's byte offset in an arena, and the arena's bytes: slots one after another,
+    each at a multiple of SLOT_ALIGN."""
+    offsets, end = [], 0
+    for s in slots:
+        offsets.append(end)
+        end += -(-max(int(s.extent), 1) * s.dtype.itemsize // SLOT_ALIGN) * SLOT_ALIGN
+    return offsets, end
+
+
 @dataclass(frozen=True)
 class Alloc:
     """New memory for out; with a slot, a view of that slot of the arena instead."""

@@ -4,9 +4,9 @@ The walk follows each instruction's allocations and frees: a buffer's memory is 
 the last name referring to it (the buffer, its views, the items of a tuple) is freed or the
 program returns. For a training step the forward is walked, then the backward: what the forward
 returns stays live (its outputs with the caller, the tensors saved for the backward until the
-backward frees them after their last read), and so do the arenas of both programs (they persist
-across calls). Memory the step did not allocate (parameters, the batch) is left out: the peak is
-what the compiled step adds on top of it.
+backward frees them after their last read), and so does the thread's arena (it persists
+across calls, as large as the largest program's temporaries). Memory the step did not allocate
+(parameters, the batch) is left out: the peak is what the compiled step adds on top of it.
 
 ATen results have no layout in the program: their sizes come from the compile's buffer layouts
 (CompileReport.buffer_layouts); a buffer of unknown size counts 0 bytes and is marked so.
@@ -33,6 +33,7 @@ from kiln.ir.host import (
     Restride,
     Return,
     View,
+    arena_layout,
     extent,
     instr_str,
     refs,
@@ -254,11 +255,16 @@ def _replace(buf: LiveBuffer, **changes: Any) -> LiveBuffer:
     return dataclasses.replace(buf, **changes)
 
 
-def _arena(walk: _Walk, program: HostProgram | None, label: str) -> None:
-    if program is not None and program.arena:
-        nbytes = sum((_count(s.extent) or 0) * s.dtype.itemsize for s in program.arena)
-        why = f"{len(program.arena)} slots of temporaries, kept across calls"
-        walk.new(f"{label} arena", LiveBuffer(f"{label} arena", label, ARENA, nbytes, None, None, "", why))
+def _arena(walk: _Walk, programs: list[tuple[HostProgram | None, str]]) -> None:
+    """The thread's arena (runtime/host_ops.py): as large as the largest program's slots, which
+    every program shares, kept across calls."""
+    sizes = [(arena_layout(p.arena)[1], label, len(p.arena)) for p, label in programs
+             if p is not None and p.arena]
+    if sizes:
+        nbytes, label, slots = max(sizes)
+        shared = f", shared by {len(sizes)} programs" if len(sizes) > 1 else ""
+        why = f"{slots} slots of temporaries of the {label}{shared}, kept across calls"
+        walk.new("arena", LiveBuffer("arena", label, ARENA, nbytes, None, None, "", why))
 
 
 def _finish(walk: _Walk, peaks: dict[str, int]) -> PeakMemory:
@@ -270,7 +276,7 @@ def _finish(walk: _Walk, peaks: dict[str, int]) -> PeakMemory:
 def graph_peak(program: HostProgram, report: Any = None) -> PeakMemory:
     """The peak of one program called alone (an inference graph)."""
     walk = _Walk()
-    _arena(walk, program, "graph")
+    _arena(walk, [(program, "graph")])
     layouts = getattr(report, "buffer_layouts", None) or {}
     _, peak = _walk_program(walk, program, "graph", report, layouts, {}, OUTPUT)
     return _finish(walk, {"graph": peak})
@@ -337,8 +343,7 @@ def step_peak(reports: list[Any]) -> PeakMemory | None:
     pending: list[tuple[Any, list[int | None]]] = []
     single = len(reports) <= 2
     names = [lab if single else f"graph {i} ({lab})" for i, lab in enumerate(labels)]
-    for r, name in zip(reports, names):
-        _arena(walk, r.host_program, name)
+    _arena(walk, [(r.host_program, name) for r, name in zip(reports, names)])
     peaks: dict[str, int] = {}
     for r, name in zip(reports, names):
         layouts = getattr(r, "buffer_layouts", None) or {}

@@ -4,13 +4,14 @@ per-thread arena, error reports and input checks."""
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Callable, Sequence
 
 import torch
 
 from kiln import errors
 from kiln.ir.checks import SLOTS_PER_CHECK, Check
-from kiln.ir.host import InputSpec, Slot, extent
+from kiln.ir.host import InputSpec, Slot, arena_layout, extent
 
 
 def _as_strided_from(t: torch.Tensor, shape, stride, offset: int = 0) -> torch.Tensor:
@@ -92,19 +93,66 @@ def checks_message(checks: tuple[Check, ...]) -> str:
     return head + ", ".join(listed) + ")"
 
 
-def thread_arena(slots: tuple[Slot, ...], device: torch.device,
-                 views: Sequence[tuple] = ()) -> Callable[[], tuple[list, list, list]]:
-    """Per-thread storage for the temporaries' slots, allocated on a thread's first call, the
-    slots' addresses, and views of them: (slot, shape, stride) each."""
-    local = threading.local()
+class _SharedArena(threading.local):
+    """One thread's memory for the temporaries of every program it runs, per device: programs
+    run one after another, so they share it, and a step's forward and backward together hold
+    the largest program's temporaries, not their sum. The programs hold the buffer; once none
+    is left it is freed. busy: a program is running on it."""
 
-    def get() -> tuple[list, list, list]:
-        arena = getattr(local, "arena", None)
-        if arena is None:
-            storage = [torch.empty(max(s.extent, 1), dtype=s.dtype, device=device) for s in slots]
-            made = [torch.as_strided(storage[slot], shape, stride) for slot, shape, stride in views]
-            arena = local.arena = (storage, [t.data_ptr() for t in storage], made)
-        return arena
+    def __init__(self):
+        self.buffers: dict[torch.device, weakref.ref] = {}
+        self.generation = 0  # grows with each new buffer: views of an older one are stale
+        self.busy = False
+
+
+_SHARED = _SharedArena()
+
+
+def shared_arena_bytes() -> int:
+    """The bytes this thread's shared arenas hold."""
+    return sum(b.numel() for ref in _SHARED.buffers.values() if (b := ref()) is not None)
+
+
+def _release() -> None:
+    _SHARED.busy = False
+
+
+def _nothing() -> None:
+    pass
+
+
+def thread_arena(slots: tuple[Slot, ...], device: torch.device,
+                 views: Sequence[tuple] = ()) -> Callable[[], tuple[list, list, list, Callable[[], None]]]:
+    """A program's arena: get() returns the slots' storage, their addresses, views of them
+    ((slot, shape, stride) each) and the function that hands the memory back when the program
+    returns. The slots lie in the thread's shared arena, grown to the largest program's need;
+    a program that starts while another runs on the thread (a Python op of one calling
+    another compiled function) gets memory of its own for that call."""
+    offsets, nbytes = arena_layout(slots)
+    mine = threading.local()  # this program's views of its thread's buffer
+
+    def carve(buffer: torch.Tensor) -> tuple[list, list, list]:
+        storage = [buffer[o:o + max(int(s.extent), 1) * s.dtype.itemsize].view(s.dtype)
+                   for o, s in zip(offsets, slots)]
+        made = [torch.as_strided(storage[slot], shape, stride) for slot, shape, stride in views]
+        return storage, [t.data_ptr() for t in storage], made
+
+    def get() -> tuple[list, list, list, Callable[[], None]]:
+        shared = _SHARED
+        if shared.busy:
+            return (*carve(torch.empty(nbytes, dtype=torch.uint8, device=device)), _nothing)
+        shared.busy = True
+        if getattr(mine, "generation", None) == shared.generation:
+            return (*mine.arena, _release)
+        ref = shared.buffers.get(device)
+        buffer = ref() if ref is not None else None
+        if buffer is None or buffer.numel() < nbytes:
+            mine.arena = mine.buffer = buffer = None  # this program's hold on the old one goes first
+            buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            shared.buffers[device] = weakref.ref(buffer)
+            shared.generation += 1
+        mine.buffer, mine.arena, mine.generation = buffer, carve(buffer), shared.generation
+        return (*mine.arena, _release)
 
     return get
 
