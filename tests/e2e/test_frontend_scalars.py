@@ -2,6 +2,7 @@
 Dynamo passes them as 0-d tensors and reads them with .item() in the graph. kiln compiles
 such graphs (one program for every value where it can), computing what eager computes."""
 
+import math
 import os
 
 import pytest
@@ -83,6 +84,19 @@ def test_python_arithmetic_on_a_symbolic_float(monkeypatch):
         assert_same(compiled(x, s), f(x, s))
     assert len(REPORTS) == before + 1
     assert not graph_fallbacks()
+
+
+def test_python_math_on_a_module_float():
+    """Under dynamic=True Dynamo reads math.pi as a symbolic float: GPT-2's GELU computes
+    math.sqrt(2.0 / math.pi), which reaches kiln as aten.true_divide, after the decompositions."""
+    def f(x, s):
+        return x * math.sqrt(2.0 / math.pi), x * (2.0 / s) + s * s
+
+    compiled = kiln.compile(f, dynamic=True)
+    for s in (3.0, 0.7):
+        x = randn(6, 9)
+        assert_same(compiled(x, s), f(x, s))
+    assert not errors.FALLBACKS  # not even one op in ATen
 
 
 def test_embedding_with_dynamic_true():

@@ -36,6 +36,14 @@ def test_div_rounding_mode_float(dtype, mode):
     check(f, randn(7, 19, dtype=dtype) * 4, randn(7, 19, dtype=dtype, seed=1), expect_native=True)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_round_to_decimals(dtype):
+    def f(x):
+        return tuple(torch.round(x, decimals=d) for d in (2, 1, -1, -2)) + (torch.square(x),)
+
+    check(f, randn(9, 31, dtype=dtype) * 300, expect_native=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_integer_division_and_remainder_negative_operands(dtype):
     def f(x, y):

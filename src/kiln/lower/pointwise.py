@@ -109,9 +109,34 @@ def _rounded(value, dtype: torch.dtype):
     return torch.tensor(value, dtype=dtype).item()
 
 
-@lowering(aten.div.Tensor, aten.div.Scalar)
+# true_divide: what Dynamo's float arithmetic on a shape family's scalars becomes
+@lowering(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, aten.true_divide.Scalar)
 def _div(ctx: LowerCtx, a, b):
     return pointwise(ctx.b, "div", a, b, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.square.default)
+def _square(ctx: LowerCtx, x):
+    if x.dtype is torch.bool:
+        raise Unsupported("square of a bool tensor (eager promotes it to int64)")
+    return pointwise(ctx.b, "mul", x, x, out_dtype=ctx.out_dtype)
+
+
+@lowering(aten.round.decimals)
+def _round_decimals(ctx: LowerCtx, x, *, decimals=0):
+    """As eager: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for d < 0, in the
+    float type eager computes in (float32 for 16-bit floats), rounded to x's dtype once."""
+    if not x.dtype.is_floating_point:
+        return x
+    if decimals == 0:
+        return pointwise(ctx.b, "round", x, out_dtype=ctx.out_dtype)
+    math_dtype = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    scale = 10.0 ** abs(decimals)
+    shift, unshift = ("mul", "div") if decimals > 0 else ("div", "mul")
+    wide = cast(ctx.b, x, math_dtype)
+    rounded = pointwise(ctx.b, "round", pointwise(ctx.b, shift, wide, scale, out_dtype=math_dtype),
+                        out_dtype=math_dtype)
+    return cast(ctx.b, pointwise(ctx.b, unshift, rounded, scale, out_dtype=math_dtype), ctx.out_dtype)
 
 
 @lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
