@@ -102,6 +102,21 @@ def test_views_and_slices():
     assert_one_family()
 
 
+def test_slices_bounded_by_numbers_clamp_to_the_length():
+    """x[:, -20:] (a sliding window's last positions, as Mistral's mask takes them) and
+    x[:, 5:30] clamp to the length where it is shorter, as Python's slices do. Dynamo's trace
+    guards on which side of the bounds the length lies: one program for the lengths between
+    5 and 20, one for those above 30."""
+    def f(x):
+        return x[:, -20:] * 2, x[:, 5:30] + 1
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in (7, 11, 17, 19, 40, 64, 1000):
+        x = randn(BATCH, n, HIDDEN)
+        assert_same(compiled(x), f(x))
+    assert_one_family(graphs=2)
+
+
 def test_an_index_into_a_symbolic_dim_is_checked_at_that_calls_size():
     def f(x, idx):
         return x[idx] * 2

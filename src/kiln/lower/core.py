@@ -11,7 +11,18 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 from kiln.ir import index as ix
 from kiln.ir.index import Expr
 from kiln.ir.ops import FLOAT_ONLY, POINTWISE_FNS, PREDICATES
-from kiln.ir.sizes import NeedsNumber, Size, as_size, is_symbolic, known_divides, known_eq, known_le, numel
+from kiln.ir.sizes import (
+    NeedsNumber,
+    Size,
+    as_size,
+    is_symbolic,
+    known_divides,
+    known_eq,
+    known_le,
+    numel,
+    smax,
+    smin,
+)
 from kiln.ir.tensor import Builder, Node, Op, dim_syms
 
 
@@ -215,12 +226,10 @@ def _symbolic_slice(b: Builder, x: Node, dim: int, start, end, step: int) -> Nod
             return default
         if isinstance(v, int) and v >= 2**62:  # x[a:] is traced as end = sys.maxsize
             return n
-        v = v + n if isinstance(v, int) and v < 0 else v
-        if known_le(v, n) and known_le(0, v):
-            return v
-        if isinstance(v, int) and v >= 0 or is_symbolic(v) and known_le(0, v):
-            if known_le(n, v):
-                return n
+        if isinstance(v, int):  # counted from the end if negative, then clamped to [0, n], as Python does
+            return smin(smax(v + n if v < 0 else v, 0), n)
+        if known_le(0, v):
+            return smin(v, n)
         raise NeedsNumber(f"a slice [{start}:{end}] of a dimension of size {n}")
 
     if not isinstance(step, int) or step <= 0:
