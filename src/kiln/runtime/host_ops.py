@@ -117,8 +117,15 @@ def _release() -> None:
     _SHARED.busy = False
 
 
-def _nothing() -> None:
-    pass
+def _slot_tensor(buffer: torch.Tensor, offset: int, slot: Slot) -> torch.Tensor:
+    """A slot of the buffer as a tensor of its own storage, at offset 0: an ATen op given a
+    tensor at an offset in its storage may return one at the same offset (slice_scatter
+    does), where the compiled graph's metadata says 0. The storage does not own the memory:
+    the program that carved it holds the buffer as long as it holds the slot."""
+    n = max(int(slot.extent), 1)
+    memory = torch._C._construct_storage_from_data_pointer(buffer.data_ptr() + offset, buffer.device,
+                                                          n * slot.dtype.itemsize)
+    return torch.empty(0, dtype=slot.dtype, device=buffer.device).set_(memory, 0, (n,), (1,))
 
 
 def thread_arena(slots: tuple[Slot, ...], device: torch.device,
@@ -132,15 +139,15 @@ def thread_arena(slots: tuple[Slot, ...], device: torch.device,
     mine = threading.local()  # this program's views of its thread's buffer
 
     def carve(buffer: torch.Tensor) -> tuple[list, list, list]:
-        storage = [buffer[o:o + max(int(s.extent), 1) * s.dtype.itemsize].view(s.dtype)
-                   for o, s in zip(offsets, slots)]
+        storage = [_slot_tensor(buffer, o, s) for o, s in zip(offsets, slots)]
         made = [torch.as_strided(storage[slot], shape, stride) for slot, shape, stride in views]
         return storage, [t.data_ptr() for t in storage], made
 
     def get() -> tuple[list, list, list, Callable[[], None]]:
         shared = _SHARED
         if shared.busy:
-            return (*carve(torch.empty(nbytes, dtype=torch.uint8, device=device)), _nothing)
+            own = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            return (*carve(own), lambda: own)  # the release function holds the memory until then
         shared.busy = True
         if getattr(mine, "generation", None) == shared.generation:
             return (*mine.arena, _release)
