@@ -11,6 +11,26 @@ import kiln
 from kiln.frontend.backend import REPORTS
 
 
+# ----------------------------------------------------------------------------- slice_scatter
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_slice_scatter(dtype):
+    def f(x, y):
+        return (torch.slice_scatter(x, y, 1, 2, 7) * 2, torch.slice_scatter(x, y[:, :3], 1, -3),
+                torch.slice_scatter(x, y[:, :0], 1, 4, 4), torch.slice_scatter(x.t(), y.t(), 0, 5))
+
+    check(f, randn(6, 10, dtype=dtype), randn(6, 5, dtype=dtype, seed=1), expect_native=True)
+
+
+def test_a_slices_gradient_is_a_slice_scatter_of_zeros():
+    x = randn(4, 9).requires_grad_()
+    compiled = kiln.compile(lambda x: (x[:, 1:-2] * x[:, 3:]).sum())
+    compiled(x).backward()
+    grad, x.grad = x.grad, None
+    (x[:, 1:-2] * x[:, 3:]).sum().backward()
+    assert_same(grad, x.grad)
+    assert not any(r.fallbacks for r in REPORTS[-2:]), [r.fallbacks for r in REPORTS[-2:]]
+
+
 # ----------------------------------------------------------------------------- gathers
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_embedding(dtype):

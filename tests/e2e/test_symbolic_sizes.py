@@ -117,6 +117,20 @@ def test_slices_bounded_by_numbers_clamp_to_the_length():
     assert_one_family(graphs=2)
 
 
+def test_a_slices_gradient_serves_every_length():
+    """The backward of x[:, 1:] writes the incoming gradient over a slice of zeros
+    (aten.slice_scatter), its bounds in the family's sizes."""
+    compiled = kiln.compile(lambda x: (x[:, 1:] * x[:, :-1]).sum(), dynamic=True)
+    for n in LENGTHS[1:]:
+        x = randn(BATCH, n, HIDDEN).requires_grad_()
+        compiled(x).backward()
+        grad, x.grad = x.grad, None
+        (x[:, 1:] * x[:, :-1]).sum().backward()
+        assert_same(grad, x.grad)
+    assert_one_family(graphs=2)
+    assert not kiln.stats().ops_in_aten, kiln.stats().ops_in_aten
+
+
 def test_an_index_into_a_symbolic_dim_is_checked_at_that_calls_size():
     def f(x, idx):
         return x[idx] * 2

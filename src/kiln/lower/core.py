@@ -206,20 +206,22 @@ def _exact_quotient(n: Size, d: Size) -> Size:
 
 def slice_(b: Builder, x: Node, dim: int, start: int, end: int, step: int = 1) -> Node:
     dim %= len(x.shape)
-    n = x.shape[dim]
-    if is_symbolic(n) or is_symbolic(start) or is_symbolic(end):
-        return _symbolic_slice(b, x, dim, start, end, step)
-    start, end, _ = slice(start, end, step).indices(n) if step > 0 else (start, end, step)
-    length = max(0, (end - start + step - 1) // step)
-    return _sliced(b, x, dim, start, length, step)
+    lo, length = slice_bounds(x.shape[dim], start, end, step)
+    return _sliced(b, x, dim, lo, length, step)
 
 
-def _symbolic_slice(b: Builder, x: Node, dim: int, start, end, step: int) -> Node:
+def slice_bounds(n: Size, start, end, step: int) -> tuple[Size, Size]:
+    """(first index, length) of the slice [start:end:step] of a dimension of size n."""
+    if not (is_symbolic(n) or is_symbolic(start) or is_symbolic(end)):
+        start, end, _ = slice(start, end, step).indices(n) if step > 0 else (start, end, step)
+        return start, max(0, (end - start + step - 1) // step)
+    return _symbolic_bounds(n, start, end, step)
+
+
+def _symbolic_bounds(n: Size, start, end, step: int) -> tuple[Size, Size]:
     """A slice of a shape family's dimension: its bounds as sizes, clamped to [0, n] where
     that is known for every size (else the slice needs a number)."""
     from torch.utils._sympy.functions import FloorDiv
-
-    n = x.shape[dim]
 
     def bound(v, default):
         if v is None:
@@ -238,7 +240,22 @@ def _symbolic_slice(b: Builder, x: Node, dim: int, start, end, step: int) -> Nod
     if not known_le(lo, hi):
         raise NeedsNumber(f"a slice [{start}:{end}] of a dimension of size {n}")
     length = as_size(hi - lo) if step == 1 else as_size(FloorDiv(hi - lo + step - 1, step))
-    return _sliced(b, x, dim, lo, length, step)
+    return lo, length
+
+
+def slice_scatter(b: Builder, x: Node, src: Node, dim: int, start, end, step: int) -> Node:
+    """x with src written over its slice [start:end:step] along dim (a slice's gradient): src
+    placed by a view whose positions outside the slice are masked, chosen where inside."""
+    dim %= len(x.shape)
+    if step != 1:
+        raise Unsupported(f"slice_scatter with step {step}")
+    lo, length = slice_bounds(x.shape[dim], start, end, step)
+    index_map = [ix.as_expr(s) for s in dim_syms(x.shape)]
+    index_map[dim] = index_map[dim] - lo
+    valid = ((index_map[dim], length),)
+    placed = view(b, src, index_map, x.shape, valid, 0)
+    inside = view(b, constant(b, True, torch.bool, src.shape), index_map, x.shape, valid, False)
+    return pointwise(b, "where", inside, placed, x, out_dtype=x.dtype)
 
 
 def _sliced(b: Builder, x: Node, dim: int, start, length, step: int) -> Node:

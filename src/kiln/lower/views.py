@@ -54,6 +54,11 @@ def _slice(ctx: LowerCtx, x, dim=0, start=None, end=None, step=1):
     return core.slice_(ctx.b, x, dim, start, end, step)
 
 
+@lowering(aten.slice_scatter.default)
+def _slice_scatter(ctx: LowerCtx, x, src, dim=0, start=None, end=None, step=1):
+    return core.slice_scatter(ctx.b, x, src, dim, start, end, step)
+
+
 @lowering(aten.select.int)
 def _select(ctx: LowerCtx, x, dim, index):
     return core.select(ctx.b, x, dim, index)
