@@ -125,7 +125,6 @@ FALLBACK_PASS = {
     "int": {
         "nn.functional.cosine_embedding_loss",
         "special.log_ndtr",
-        "nn.functional.pad.circular",
         "nn.functional.local_response_norm",
         "nn.functional.interpolate.bilinear",
         "nn.functional.interpolate.bicubic",
