@@ -131,6 +131,24 @@ def test_a_slices_gradient_serves_every_length():
     assert not kiln.stats().ops_in_aten, kiln.stats().ops_in_aten
 
 
+def test_a_patchify_stem_and_a_channels_last_norm_serve_every_image_size():
+    """A ConvNeXt stem (a 4x4 convolution of stride 4: sizes n // 4), its norm and a Linear
+    over channels in channels-last order: ATen's metadata writes the Linear's unflattened
+    size as (n // 4) ** 2 // (n // 4), and the kernels divide indices by n // 4."""
+    conv, norm, linear = torch.nn.Conv2d(3, 8, 4, stride=4), torch.nn.LayerNorm(8), torch.nn.Linear(8, 16)
+
+    def f(x):
+        h = linear(norm(conv(x).permute(0, 2, 3, 1)))
+        return h.reshape(h.shape[0], -1, 16).mean(1), h.permute(0, 3, 1, 2) * 2
+
+    compiled = kiln.compile(f, dynamic=True)
+    with torch.no_grad():
+        for batch, side in ((2, 16), (3, 24), (5, 36)):
+            x = randn(batch, 3, side, side)
+            assert_same(compiled(x), f(x))
+    assert_one_family()
+
+
 def test_an_index_into_a_symbolic_dim_is_checked_at_that_calls_size():
     def f(x, idx):
         return x[idx] * 2

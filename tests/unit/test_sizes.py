@@ -62,6 +62,37 @@ def test_a_negative_dividend_renders_its_floor_remainder_in_c_and_triton():
         assert eval(sizes.render(shift, lang="python"), values) == (-(n0 // 2)) % n0  # noqa: S307
 
 
+def test_sympys_floor_of_a_quotient_renders_as_a_floor_division():
+    # FloorDiv(-1, n // 4) evaluates to sympy's floor(-1/(n // 4)): an index's lower bound
+    from torch.utils._sympy.functions import FloorDiv
+
+    e = sympy.floor(-1 / FloorDiv(s0, 4))
+    for n in (4, 7, 9, 100):
+        assert _truncating_eval(sizes.render(e), {"s0": n}) == -1 // (n // 4)
+        assert eval(sizes.render(e, lang="python"), {"s0": n}) == -1 // (n // 4)  # noqa: S307
+
+
+def test_a_relation_with_a_quotient_is_not_handed_to_the_shape_env():
+    # its range analysis fails on s1**-1 and logs a warning each time
+    import logging
+
+    from torch._dynamo.source import ConstantSource
+
+    env = ShapeEnv()
+    a, b = (env.create_symbol(n, ConstantSource(f"size{n}"), dynamic_dim=DimDynamic.DYNAMIC) for n in (5, 7))
+    logged = []
+    handler = logging.Handler()
+    handler.emit = logged.append
+    logger = logging.getLogger("torch.utils._sympy.interp")
+    logger.addHandler(handler)
+    try:
+        with sizes.family(env):
+            assert not sizes.known_le(a / b, 1) and not sizes.known_eq(a * b**-1, 2)
+    finally:
+        logger.removeHandler(handler)
+    assert not [r for r in logged if r.levelno >= logging.WARNING], [r.getMessage() for r in logged]
+
+
 def _truncating_eval(text: str, values: dict) -> int:
     """An integer expression as C computes it: / and % truncate toward zero."""
     import ast

@@ -217,7 +217,7 @@ def _find_split(terms: dict[Atom, Size]) -> tuple[Atom, Atom, Expr, Size] | None
     x % 4 == x % 12. Returns (quotient atom, remainder atom, e, c)."""
     for atom, c in terms.items():  # remainder first: (e % d) * c with e // d a single atom
         if isinstance(atom, Mod):
-            quotient = floordiv(atom.arg, atom.divisor)
+            quotient = _floordiv(atom.arg, atom.divisor)
             if len(quotient.terms) == 1 and quotient.terms[0][1] == 1 and not quotient.const:
                 partner = quotient.terms[0][0]
                 if partner in terms and known_eq(terms[partner], c * atom.divisor):
@@ -225,7 +225,7 @@ def _find_split(terms: dict[Atom, Size]) -> tuple[Atom, Atom, Expr, Size] | None
     for atom, k in terms.items():  # quotient first: (e // d) * d*c with e % d a single atom
         if isinstance(atom, FloorDiv) and known_divides(atom.divisor, k):
             c = exact_div(k, atom.divisor)
-            rem = mod(atom.arg, atom.divisor)
+            rem = _mod(atom.arg, atom.divisor)
             if len(rem.terms) == 1 and not rem.const and rem.terms[0][1] == 1:
                 partner = rem.terms[0][0]
                 if partner != atom and partner in terms and known_eq(terms[partner], c):
@@ -255,11 +255,17 @@ def _split_const(const: Size, d: Size) -> tuple[Size, Size]:
 
 def _check_divisor(d: Size, what: str) -> None:
     if isinstance(d, int) and d <= 0 or not isinstance(d, int) and not known_lt(0, d):
-        raise ValueError(f"{what} of an index by a non-positive number")
+        raise ValueError(f"{what} of an index by a number not known to be positive: {d}")
 
 
 def floordiv(e: Expr, d: Size) -> Expr:
     _check_divisor(d, "floor division")
+    return _floordiv(e, d)
+
+
+def _floordiv(e: Expr, d: Size) -> Expr:
+    """e // d for a divisor known positive (an atom's, checked when it was made: a kernel's
+    renamed sizes carry none of the family's facts that proved it)."""
     d = simplify(d)
     if d == 1:
         return e
@@ -290,6 +296,11 @@ def floordiv(e: Expr, d: Size) -> Expr:
 
 def mod(e: Expr, d: Size) -> Expr:
     _check_divisor(d, "remainder")
+    return _mod(e, d)
+
+
+def _mod(e: Expr, d: Size) -> Expr:
+    """e % d for a divisor known positive (see _floordiv)."""
     d = simplify(d)
     if d == 1:
         return Expr()
@@ -324,7 +335,7 @@ def substitute(e: Expr, mapping: dict[Sym, Expr]) -> Expr:
         if isinstance(atom, Sym):
             out = out + mapping.get(atom, as_expr(atom)) * c
         elif isinstance(atom, FloorDiv):
-            out = out + floordiv(substitute(atom.arg, mapping), atom.divisor) * c
+            out = out + _floordiv(substitute(atom.arg, mapping), atom.divisor) * c
         else:
-            out = out + mod(substitute(atom.arg, mapping), atom.divisor) * c
+            out = out + _mod(substitute(atom.arg, mapping), atom.divisor) * c
     return out

@@ -154,7 +154,9 @@ def _decide(relation: Any) -> bool | None:
     if relation is sympy.false or relation is False:
         return False
     env = shape_env()
-    if env is not None:
+    # a quotient that is not a size (s0 * s1**-1) stays undecided: the ShapeEnv's range
+    # analysis fails on it and logs a warning each time
+    if env is not None and not any(p.exp.is_negative for p in relation.atoms(sympy.Pow)):
         try:
             value = env._maybe_evaluate_static(relation)
         except Exception:  # noqa: BLE001 - an expression the ShapeEnv cannot reason about
@@ -326,6 +328,11 @@ def render(s: Size, names: dict | None = None, lang: str = "c") -> str:
         if isinstance(e, _mod_classes()):
             a, b = go(e.args[0]), go(e.args[1])
             return f"({a} % {b})" if e.args[0].is_nonnegative else f"((({a} % {b}) + {b}) % {b})"
+        if isinstance(e, sympy.floor):  # sympy's own floor of a quotient: FloorDiv(-1, n) becomes floor(-1/n)
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            if den != 1:
+                a, b, div = go(num), go(den), "//" if lang == "python" else "/"
+                return f"(({a} - ((({a} % {b}) + {b}) % {b})) {div} {b})"
         if _is_max_min(e):
             fn = _is_max_min(e) if lang == "python" else f"std::{_is_max_min(e)}<int64_t>"
             out = go(e.args[0])
