@@ -219,8 +219,9 @@ def slice_bounds(n: Size, start, end, step: int) -> tuple[Size, Size]:
 
 
 def _symbolic_bounds(n: Size, start, end, step: int) -> tuple[Size, Size]:
-    """A slice of a shape family's dimension: its bounds as sizes, clamped to [0, n] where
-    that is known for every size (else the slice needs a number)."""
+    """A slice of a shape family's dimension: its bounds as sizes clamped to [0, n], as Max or
+    Min of the size where the family's facts do not decide it. A bound that is itself a size
+    not known to be non-negative (a start counted from the end, perhaps) needs a number."""
     from torch.utils._sympy.functions import FloorDiv
 
     def bound(v, default):
