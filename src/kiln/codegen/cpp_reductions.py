@@ -20,6 +20,7 @@ from kiln.codegen.cpp_hoisting import computing
 from kiln.codegen.cpp_lines import PARALLEL_MIN_WORK, at_least
 from kiln.codegen.cpp_values import STORAGE_TYPE, ctype, render_index, size_params
 from kiln.ir import kernel as k
+from kiln.ir.index import Sym
 from kiln.ir.kernel import compute_dtype
 from kiln.ir.ops import LIBRARY_MATH
 from kiln.ir.sizes import is_symbolic
@@ -188,13 +189,10 @@ class Reductions:
         last = syms[-1]
         start, stop = "0", sc(last.extent)
         if sums:  # the innermost loop in blocks, each summed into fresh partials
-            block = f"{last.name}_block"
-            self.emit(inner, f"for (int64_t {block} = 0; {block} < {sc(last.extent)}; "
-                             f"{block} += {SUM_BLOCK}) {{")
+            start, stop = self._sum_blocks(last, inner)
             inner += 1
             for r in sums:
                 self.emit(inner, f"{ctype(compute_dtype(r.dtype))} {r.out}_block = 0;")
-            start, stop = block, f"std::min<int64_t>({block} + {SUM_BLOCK}, {sc(last.extent)})"
         for r in expsums:
             self._expsum_block(r, stage, last.name, start, stop, inner)
         self.emit(inner, _simd_pragma(reductions, self.block_partial), self.checks_inside())
@@ -213,6 +211,12 @@ class Reductions:
             self.emit(depth + i, "}")
         for r in reductions:
             self.reduce_finish(r, depth)
+
+    def _sum_blocks(self, last: Sym, depth: int) -> tuple[str, str]:
+        """Opens the loop over last's blocks of SUM_BLOCK terms; the bounds of a block's own loop."""
+        block = f"{last.name}_block"
+        self.emit(depth, f"for (int64_t {block} = 0; {block} < {sc(last.extent)}; {block} += {SUM_BLOCK}) {{")
+        return block, f"std::min<int64_t>({block} + {SUM_BLOCK}, {sc(last.extent)})"
 
     def _expsum_block(self, r: k.Reduce, stage: k.Stage, i: str, start: str, stop: str, depth: int) -> None:
         """Before a block's terms are summed: the block's maximum (a SIMD pass over the
@@ -313,14 +317,11 @@ class Reductions:
                 last = kern.reduce[-1]
                 start, stop = "0", sc(last.extent)
                 if sums:  # rows in blocks, each summed into fresh partials
-                    block = f"{last.name}_block"
-                    self.emit(inner, f"for (int64_t {block} = 0; {block} < {sc(last.extent)}; "
-                                     f"{block} += {SUM_BLOCK}) {{")
+                    start, stop = self._sum_blocks(last, inner)
                     inner += 1
                     for r in sums:
                         self.emit(inner, f"{ctype(compute_dtype(r.dtype))} {r.out}_block[{xb}];")
                         self.emit(inner, f"for (int64_t xi = 0; xi < xn; ++xi) {r.out}_block[xi] = 0;")
-                    start, stop = block, f"std::min<int64_t>({block} + {SUM_BLOCK}, {sc(last.extent)})"
                 self.emit(inner, f"for (int64_t {last.name} = {start}; {last.name} < {stop}; "
                                  f"++{last.name}) {{")
                 inner += 1
