@@ -22,21 +22,12 @@ from kiln.codegen import cpp
 from kiln.codegen.cpp_lines import PARALLEL_MIN_WORK
 from kiln.codegen.cpp_values import STORAGE_TYPE, CppUnsupported, ctype, round_to
 from kiln.ir import kernel as k
-from kiln.ir.matmul import MatmulKernel, Operand
+from kiln.ir.matmul import MatmulKernel, Operand, loop_form
 
 # a "dot" block: DOT_ROWS x COLUMNS outputs, each a SIMD sum along k (eight vector accumulators);
 # a single row's block: ROW_COLUMNS outputs (as many accumulators, to hide the FMAs' latency)
 DOT_ROWS, COLUMNS, ROW_COLUMNS = 2, 4, 8
 ROWS, PANEL = 4, 64  # a "rows" block: ROWS x PANEL float32 accumulators, sixteen 512-bit registers
-
-
-def form(kernel: MatmulKernel) -> str | None:
-    """"dot", "rows", or None where neither form reads its operands contiguously."""
-    if kernel.a.stride[1] == 1 and kernel.b.stride[0] == 1:
-        return "dot"
-    if kernel.b.stride[1] == 1:
-        return "rows"
-    return None
 
 
 def _element(op: Operand, rows: str, cols: str) -> str:
@@ -95,7 +86,7 @@ class _TemplateRenderer(cpp._Renderer):
         params = ", ".join(f"{'' if p.is_output else 'const '}{STORAGE_TYPE[p.dtype]}* __restrict__ {p.name}"
                            for p in mm.params)
         self.emit(0, f'extern "C" void {mm.name}({params}) {{')
-        {"dot": self._dot, "rows": self._rows, None: self._scalar}[form(mm)]()
+        {"dot": self._dot, "rows": self._rows, None: self._scalar}[loop_form(mm)]()
         self.emit(0, "}")
         return "\n".join(self.lines)
 

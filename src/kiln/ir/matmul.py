@@ -56,6 +56,17 @@ class MatmulKernel(Kernel):
         ]
 
 
+def loop_form(kernel: MatmulKernel) -> str | None:
+    """The CPU template's loop form for the operands' layouts: "dot" where both are contiguous
+    along k, "rows" where B is contiguous along n, None where neither form reads them
+    contiguously (codegen/cpp_matmul.py)."""
+    if kernel.a.stride[1] == 1 and kernel.b.stride[0] == 1:
+        return "dot"
+    if kernel.b.stride[1] == 1:
+        return "rows"
+    return None
+
+
 def is_matmul(kernel: Kernel) -> bool:
     return isinstance(kernel, MatmulKernel)
 

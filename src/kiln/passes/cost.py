@@ -16,6 +16,7 @@ import torch
 
 from kiln.ir.index import Expr, Sym
 from kiln.ir.kernel import Compute, InBounds, IndexValue, Kernel, Load, Reduce, Store, column_reduction
+from kiln.ir.matmul import loop_form
 from kiln.ir.sizes import hint
 from kiln.passes.aten_cost import (
     aten_cost,
@@ -217,9 +218,7 @@ def template_efficiency(kernel, ceilings: Ceilings) -> float:
     """The share of the device's matmul rate a matmul template of its backend reaches."""
     if not ceilings.device.startswith("cpu"):
         return TEMPLATE_MATMUL_EFFICIENCY
-    from kiln.codegen.cpp_matmul import form
-
-    return CPU_TEMPLATE_MATMUL_EFFICIENCY[form(kernel)]
+    return CPU_TEMPLATE_MATMUL_EFFICIENCY[loop_form(kernel)]
 
 
 def _without_product(kernel) -> Kernel:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kiln.ir.kernel import Kernel
+from kiln.ir.matmul import loop_form
 from kiln.passes.cost import kernel_cost, matmul_template_cost
 from kiln.passes.roofline import Ceilings, Cost, dtype_text
 
@@ -59,13 +60,11 @@ def choose_cpu_matmul(template, epilogue: Kernel | None, aten: Cost, ceilings: C
     """The C++ template (codegen/cpp_matmul.py) pays where ATen's call and the epilogue's own
     kernel cost more than what the template gives up to oneDNN's rate: a product of a few
     rows, where the library's fixed cost is most of its time."""
-    from kiln.codegen.cpp_matmul import form
-
     if forced:
         return MatmulChoice(True, "matmul templates forced on (option matmul_templates=True)")
     if epilogue is None:
         return MatmulChoice(False, "ATen: no element-wise epilogue reads the product")
-    if form(template) is None:
+    if loop_form(template) is None:
         return MatmulChoice(False, "ATen: neither operand layout the template reads contiguously "
                                    "(A and B along k, or B along n)")
     fused = matmul_template_cost(template, ceilings).seconds
