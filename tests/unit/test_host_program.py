@@ -35,14 +35,14 @@ from kiln.ir.host import (
     Return,
     Slot,
     View,
-    arena_layout,
+    arena_bytes,
     constants_blob,
     op_name,
     resolve_op,
 )
 from kiln.options import Options
 from kiln.passes.host_plan import kernel_digest
-from kiln.passes.memory import plan_memory
+from kiln.passes.memory import pack_arena, plan_memory
 from kiln.runtime import host_ops
 from kiln.tools.explain import report_text
 
@@ -58,7 +58,7 @@ input arg0 = args[0] : f32[8, 16] stride [16, 1] on cpu
 input arg1 = args[1] : f32[16, 4] stride [4, 1] on cpu
 kernel kiln_tanh_0 <digest>
 kernel kiln_relu_add_1 <digest>
-slot 0 : f32[128]
+slot 0 : f32[128] at byte 0
   buf2 = alloc f32[8, 16] stride [16, 1] in slot 0
   launch kiln_tanh_0(arg0, buf2) writes buf2
   buf3 = call aten::mm.default(buf2, arg1) fresh
@@ -123,7 +123,7 @@ def _every_instruction() -> HostProgram:
     )
     inputs = (InputSpec("arg0", 0, f32, (4, 4), (4, 1), "cpu"),)
     return HostProgram("cpu", "pointers", 2, inputs, body, (("kernel0", "0123456789abcdef"),),
-                       (Slot(f32, 16),), (Check("index_select", 0, 4, 0), Check("divide_by_zero")),
+                       (Slot(f32, 16, 0),), (Check("index_select", 0, 4, 0), Check("divide_by_zero")),
                        {"const0": torch.randn(4, 4)})
 
 
@@ -271,7 +271,7 @@ def test_the_memory_pass_reuses_a_dead_buffers_slot():
     slots = _slots(planned)
     assert slots["t3"] == slots["t1"] != slots["t2"]  # t1 is dead once t2 is computed
     assert slots["t6"] in (slots["t1"], slots["t2"])
-    assert plan.reused == 2 and planned.arena == (Slot(torch.float32, 16),) * 2
+    assert plan.reused == 2 and planned.arena == (Slot(torch.float32, 16, 0), Slot(torch.float32, 16, 64))
     with pytest.raises(ValueError, match="planned already"):
         plan_memory(planned)
     assert Free("arg0") in planned.body and Free("t5") in planned.body
@@ -280,6 +280,28 @@ def test_the_memory_pass_reuses_a_dead_buffers_slot():
     keep = first[0].clone()
     second = _run(planned, torch.randn(4, 4))  # the arena is reused: the first output is not in it
     assert torch.equal(first[0], keep) and torch.equal(keep, x.t() * 64) and not torch.equal(second[0], keep)
+
+
+def test_temporaries_never_alive_together_share_arena_bytes_whatever_their_shapes():
+    f32, f64, f16 = torch.float32, torch.float64, torch.float16
+    # a 128-byte temporary alive over instructions 2-3 takes offset 0; a 64-byte one alive
+    # over 0-5 overlaps it in time and goes above it; one alive over 4-8 meets only the second
+    assert pack_arena([(f32, 16, 0, 5), (f32, 32, 2, 3), (f32, 16, 4, 8)]) == [128, 0, 0]
+    shape, stride = (4, 4), (4, 1)
+    body, src = [], "arg0"
+    for out, dtype in (("t1", f32), ("t2", f64), ("t3", f16), ("out", f32)):
+        body += [Alloc(out, shape, stride, dtype), Launch("double", (src, out), (out,), aligned=True)]
+        src = out
+    body.append(Return((Ref("out"),)))
+    inputs = (InputSpec("arg0", 0, f32, shape, stride, "cpu"),)
+    planned, plan = plan_memory(HostProgram("cpu", "tensors", 1, inputs, tuple(body)))
+    # t2 (128 bytes) meets t1 and t3, which never meet: one offset for both, though their
+    # dtypes differ (slots one per dtype and extent would take 64 + 128 + 64 bytes)
+    assert plan.pooled == 3 and arena_bytes(planned.arena) == 128 + 64
+    assert {s.offset for s in planned.arena} == {0, 128} and len(planned.arena) == 3
+    x = torch.randn(4, 4)
+    expected = (((x * 2).double() * 2).half() * 2).float() * 2
+    assert torch.equal(_run(planned, x.clone())[0], expected)
 
 
 def _doublings(side: int) -> HostProgram:
@@ -295,7 +317,7 @@ def _doublings(side: int) -> HostProgram:
 
 def test_programs_on_a_thread_share_one_arena_freed_with_them():
     small, large = (plan_memory(_doublings(side))[0] for side in (4, 8))
-    assert arena_layout(small.arena)[1] == 2 * 64 and arena_layout(large.arena)[1] == 2 * 256
+    assert arena_bytes(small.arena) == 2 * 64 and arena_bytes(large.arena) == 2 * 256
     seen = {}
 
     def on_a_new_thread():  # a thread of its own: no other test's program holds its arena

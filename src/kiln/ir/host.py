@@ -31,7 +31,7 @@ from kiln.ir.tensor import dtype_name
 # A size, stride or offset: an int, or with a shape family an expression over its size
 # symbols (ir/sizes.py), which the program reads from its arguments at each call (SizeBinding).
 # Only size_str renders one (as Python) and only encode/decode serialize one (as text).
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def size_str(s: Size) -> str:
@@ -87,23 +87,27 @@ class SizeBinding:
 
 @dataclass(frozen=True)
 class Slot:
-    """A piece of the per-thread arena: room for `extent` elements of dtype."""
+    """A piece of the per-thread arena: room for `extent` elements of dtype, `offset` bytes
+    into the arena (a multiple of SLOT_ALIGN). Slots whose temporaries are never alive at
+    once may overlap (passes/memory.py)."""
 
     dtype: torch.dtype
     extent: Size
+    offset: int
 
 
 SLOT_ALIGN = 64  # bytes: a cache line, and the widest vector a kernel loads
 
 
-def arena_layout(slots: tuple[Slot, ...]) -> tuple[list[int], int]:
-    """Each slot's byte offset in an arena, and the arena's bytes: slots one after another,
-    each at a multiple of SLOT_ALIGN."""
-    offsets, end = [], 0
-    for s in slots:
-        offsets.append(end)
-        end += -(-max(int(s.extent), 1) * s.dtype.itemsize // SLOT_ALIGN) * SLOT_ALIGN
-    return offsets, end
+def slot_bytes(dtype: torch.dtype, extent: Size) -> int:
+    """The room a slot takes: its elements' bytes (at least one element's) rounded up to
+    SLOT_ALIGN, so the next slot starts aligned."""
+    return -(-max(int(extent), 1) * dtype.itemsize // SLOT_ALIGN) * SLOT_ALIGN
+
+
+def arena_bytes(slots: tuple[Slot, ...]) -> int:
+    """The bytes an arena holding the slots needs."""
+    return max((s.offset + slot_bytes(s.dtype, s.extent) for s in slots), default=0)
 
 
 @dataclass(frozen=True)
@@ -391,7 +395,8 @@ def program_str(p: HostProgram) -> str:
                      f"on {s.device}")
     lines.extend(f"kernel {name} {digest}" for name, digest in p.kernels)
     lines.extend(f"const {name} : {_constant_str(v)}" for name, v in sorted(p.constants.items()))
-    lines.extend(f"slot {k} : {dtype_name(s.dtype)}[{size_str(s.extent)}]" for k, s in enumerate(p.arena))
+    lines.extend(f"slot {k} : {dtype_name(s.dtype)}[{size_str(s.extent)}] at byte {s.offset}"
+                 for k, s in enumerate(p.arena))
     lines.extend(f"check {k} : {c}" for k, c in enumerate(p.checks))
     lines.extend("  " + instr_str(ins) for ins in p.body)
     return "\n".join(lines)

@@ -1,11 +1,14 @@
 """Memory planning over the host program (ir/host.py): liveness, reuse and frees.
 
 Temporaries (allocated buffers that are neither returned nor handed to an ATen op that may
-return a view of them) live in slots: a dead one's slot is taken by the next temporary of the
-same dtype and extent. On the CPU the slots are an arena that persists across calls (one per
-thread), so temporaries cost no allocation and no page faults; elsewhere a slot is the memory
-of its first temporary, viewed again by the later ones, freed once no later temporary of
-that dtype and extent remains to take it. Every other buffer, inputs included,
+return a view of them) live in slots. On the CPU the slots are an arena that persists across
+calls (one per thread), so temporaries cost no allocation and no page faults: each temporary
+is placed at the lowest offset where it overlaps no temporary alive at the same time, the
+largest first (the arena is then about the largest set of temporaries alive at once, not the
+sum of every shape's). Elsewhere a slot is the memory of its first temporary, viewed again by
+the next temporary of the same dtype and extent once the first is dead, and freed once no
+later temporary of that dtype and extent remains to take it (the caching allocator reuses
+memory across shapes itself). Every other buffer, inputs included,
 is freed after its last read (with the boxed calling convention a backward's saved
 activations go one layer at a time), except what the program returns.
 """
@@ -34,6 +37,7 @@ from kiln.ir.host import (
     may_share_memory,
     reads,
     refs,
+    slot_bytes,
 )
 from kiln.ir.sizes import is_symbolic
 from kiln.passes.layout import is_non_overlapping
@@ -153,14 +157,46 @@ def update_inputs_in_place(program: HostProgram) -> tuple[tuple[Instr, ...], int
     return tuple(i for k, i in enumerate(out) if k not in gone), written
 
 
-def _pooled_allocs_by_key(body: tuple[Instr, ...], returned: set[str], shared: set[str]) -> dict[Slot, int]:
-    """How many temporaries of each slot shape the program allocates."""
-    counts: dict[Slot, int] = {}
+def _pooled_allocs_by_key(body: tuple[Instr, ...], returned: set[str], shared: set[str]) -> dict[tuple, int]:
+    """How many temporaries of each (dtype, extent) the program allocates."""
+    counts: dict[tuple, int] = {}
     for ins in body:
         if isinstance(ins, Alloc) and ins.slot is None and ins.out not in returned and ins.out not in shared:
-            key = Slot(ins.dtype, extent(ins.shape, ins.stride))
+            key = (ins.dtype, extent(ins.shape, ins.stride))
             counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def pack_arena(temporaries: list[tuple[torch.dtype, int, int, int]]) -> list[int]:
+    """Byte offsets for temporaries given as (dtype, extent, first, last): each alive from
+    instruction first through last. Largest first, each takes the lowest aligned offset where
+    it overlaps no placed temporary whose instructions meet its own."""
+    offsets = [0] * len(temporaries)
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+    order = sorted(range(len(temporaries)),
+                   key=lambda t: (-slot_bytes(*temporaries[t][:2]), temporaries[t][2]))
+    for t in order:
+        dtype, n, first, last = temporaries[t]
+        size, offset = slot_bytes(dtype, n), 0
+        for start, end, _, _ in sorted(p for p in placed if p[2] <= last and first <= p[3]):
+            if offset + size <= start:
+                break
+            offset = max(offset, end)
+        offsets[t] = offset
+        placed.append((offset, offset + size, first, last))
+    return offsets
+
+
+def _place_in_arena(in_arena: list[tuple[int, Alloc, int]], out: list[Instr],
+                    last_read: dict[str, int]) -> tuple[Slot, ...]:
+    """Each arena temporary's slot, written into its Alloc in out: temporaries packed by
+    their lifetimes (pack_arena), those of one dtype, extent and offset sharing a slot."""
+    temporaries = [(a.dtype, int(extent(a.shape, a.stride)), k, last_read.get(a.out, k))
+                   for _, a, k in in_arena]
+    slots: dict[Slot, int] = {}
+    for (place, alloc, _), (dtype, n, _, _), offset in zip(in_arena, temporaries, pack_arena(temporaries)):
+        out[place] = dataclasses.replace(alloc, slot=slots.setdefault(Slot(dtype, n, offset), len(slots)))
+    return tuple(slots)
 
 
 def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostProgram, MemoryPlan]:
@@ -197,11 +233,13 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
     for k, ins in enumerate(body):
         order.setdefault(getattr(ins, "out", ""), k)
 
-    slots: list[Slot] = []
-    free_slots: dict[Slot, list[int]] = {}
+    keys: list[tuple] = []  # without an arena: each slot's (dtype, extent)
+    free_slots: dict[tuple, list[int]] = {}
     slot_of: dict[str, int] = {}
     holder: dict[int, str] = {}
     occupants: dict[int, list[str]] = {}  # without an arena: the names a slot's memory has had
+    in_arena: list[tuple[int, Alloc, int]] = []  # (place in out, the Alloc, its instruction)
+    arena_names: set[str] = set()  # in the arena: never freed
     allocs_left = _pooled_allocs_by_key(body, returned, shared)
     out: list[Instr] = []
     pooled = freed = 0
@@ -211,32 +249,34 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
         varying = arena and is_symbolic(extent(ins.shape, ins.stride)) if isinstance(ins, Alloc) else False
         if isinstance(ins, Alloc) and ins.slot is None and ins.out not in returned and ins.out not in shared \
                 and not varying:
-            key = Slot(ins.dtype, extent(ins.shape, ins.stride))
-            allocs_left[key] -= 1
-            if free_slots.get(key):
-                slot = free_slots[key].pop()
-            else:
-                slot = len(slots)
-                slots.append(key)
-            slot_of[ins.out] = slot
             pooled += 1
             if arena:
-                ins = dataclasses.replace(ins, slot=slot)
-            elif slot in holder:
-                ins = View(ins.out, holder[slot], ins.shape, ins.stride, 0)
+                in_arena.append((len(out), ins, k))
+                arena_names.add(ins.out)
             else:
-                holder[slot] = ins.out
-            occupants.setdefault(slot, []).append(ins.out)
+                key = (ins.dtype, extent(ins.shape, ins.stride))
+                allocs_left[key] -= 1
+                if free_slots.get(key):
+                    slot = free_slots[key].pop()
+                else:
+                    slot = len(keys)
+                    keys.append(key)
+                slot_of[ins.out] = slot
+                if slot in holder:
+                    ins = View(ins.out, holder[slot], ins.shape, ins.stride, 0)
+                else:
+                    holder[slot] = ins.out
+                occupants.setdefault(slot, []).append(ins.out)
         out.append(ins)
         if k > last_work:
             continue
         for name in sorted(reads_at[k], key=lambda n: (order.get(n, len(body)), n)):
-            if last_read[name] != k or name in returned:
+            if last_read[name] != k or name in returned or name in arena_names:
                 continue
             if name in slot_of:
                 slot = slot_of[name]
-                if arena or allocs_left[slots[slot]] > 0:
-                    free_slots.setdefault(slots[slot], []).append(slot)
+                if allocs_left[keys[slot]] > 0:
+                    free_slots.setdefault(keys[slot], []).append(slot)
                 else:  # no later temporary takes this slot: its memory goes now, not at the return
                     for occupant in occupants.pop(slot, ()):
                         out.append(Free(occupant))
@@ -244,6 +284,8 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
             else:
                 out.append(Free(name))
                 freed += 1
-    planned = dataclasses.replace(program, body=tuple(out), arena=tuple(slots) if arena else ())
-    plan = MemoryPlan(len(slots), pooled, freed, frozenset(returned), frozenset(shared), copies_dropped)
+    slots = _place_in_arena(in_arena, out, last_read)
+    planned = dataclasses.replace(program, body=tuple(out), arena=slots)
+    plan = MemoryPlan(len(slots) if arena else len(keys), pooled, freed, frozenset(returned),
+                      frozenset(shared), copies_dropped)
     return planned, plan

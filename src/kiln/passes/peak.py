@@ -33,7 +33,7 @@ from kiln.ir.host import (
     Restride,
     Return,
     View,
-    arena_layout,
+    arena_bytes,
     extent,
     instr_str,
     refs,
@@ -258,7 +258,7 @@ def _replace(buf: LiveBuffer, **changes: Any) -> LiveBuffer:
 def _arena(walk: _Walk, programs: list[tuple[HostProgram | None, str]]) -> None:
     """The thread's arena (runtime/host_ops.py): as large as the largest program's slots, which
     every program shares, kept across calls."""
-    sizes = [(arena_layout(p.arena)[1], label, len(p.arena)) for p, label in programs
+    sizes = [(arena_bytes(p.arena), label, len(p.arena)) for p, label in programs
              if p is not None and p.arena]
     if sizes:
         nbytes, label, slots = max(sizes)

@@ -11,7 +11,7 @@ import torch
 
 from kiln import errors
 from kiln.ir.checks import SLOTS_PER_CHECK, Check
-from kiln.ir.host import InputSpec, Slot, arena_layout, extent
+from kiln.ir.host import InputSpec, Slot, arena_bytes, extent
 
 
 def _as_strided_from(t: torch.Tensor, shape, stride, offset: int = 0) -> torch.Tensor:
@@ -117,13 +117,13 @@ def _release() -> None:
     _SHARED.busy = False
 
 
-def _slot_tensor(buffer: torch.Tensor, offset: int, slot: Slot) -> torch.Tensor:
+def _slot_tensor(buffer: torch.Tensor, slot: Slot) -> torch.Tensor:
     """A slot of the buffer as a tensor of its own storage, at offset 0: an ATen op given a
     tensor at an offset in its storage may return one at the same offset (slice_scatter
     does), where the compiled graph's metadata says 0. The storage does not own the memory:
     the program that carved it holds the buffer as long as it holds the slot."""
     n = max(int(slot.extent), 1)
-    memory = torch._C._construct_storage_from_data_pointer(buffer.data_ptr() + offset, buffer.device,
+    memory = torch._C._construct_storage_from_data_pointer(buffer.data_ptr() + slot.offset, buffer.device,
                                                           n * slot.dtype.itemsize)
     return torch.empty(0, dtype=slot.dtype, device=buffer.device).set_(memory, 0, (n,), (1,))
 
@@ -135,11 +135,11 @@ def thread_arena(slots: tuple[Slot, ...], device: torch.device,
     returns. The slots lie in the thread's shared arena, grown to the largest program's need;
     a program that starts while another runs on the thread (a Python op of one calling
     another compiled function) gets memory of its own for that call."""
-    offsets, nbytes = arena_layout(slots)
+    nbytes = arena_bytes(slots)
     mine = threading.local()  # this program's views of its thread's buffer
 
     def carve(buffer: torch.Tensor) -> tuple[list, list, list]:
-        storage = [_slot_tensor(buffer, o, s) for o, s in zip(offsets, slots)]
+        storage = [_slot_tensor(buffer, s) for s in slots]
         made = [torch.as_strided(storage[slot], shape, stride) for slot, shape, stride in views]
         return storage, [t.data_ptr() for t in storage], made
 
