@@ -71,13 +71,11 @@ def test_a_group_takes_at_most_the_backends_buffers(monkeypatch):
     assert len(launches) == 2 and all(len(launch.args) <= 6 for launch in launches), report.host_program
 
 
-@pytest.mark.skipif(os.environ.get("KILN_TARGET") != "triton", reason="the Triton target's grouping rule")
-def test_on_a_gpu_only_launch_bound_kernels_join_a_group(monkeypatch):
-    """A Triton member runs over a flat index: a kernel whose work hides its launch (by the
-    cost model) stays a launch of its own and keeps its tiling; small ones still group."""
+def _skip_interpreting(monkeypatch):
+    """Grouping is decided at compile time: kernels are built but the interpreter runs none."""
     from kiln.runtime import triton_build
 
-    def not_run(kernel, jit_fn):  # the decision is made at compile time: skip the interpreter
+    def not_run(kernel, jit_fn):
         def launch(*tensors):
             pass
 
@@ -86,13 +84,56 @@ def test_on_a_gpu_only_launch_bound_kernels_join_a_group(monkeypatch):
 
     monkeypatch.setattr(triton_build, "_interpreted_launcher", not_run)
 
-    def f(big, a, b):
-        return big.sigmoid() * 2, a.relu() + 1, b.tanh() * 3
 
-    _, report = _compiled(f, torch.randn(1024, 4096), torch.randn(33), torch.randn(7, 5))
+@pytest.mark.skipif(os.environ.get("KILN_TARGET") != "triton", reason="the Triton target's grouping rule")
+def test_on_a_gpu_only_launch_bound_kernels_join_a_group(monkeypatch):
+    """A Triton member runs over a flat index: a kernel whose work hides its launch (by the
+    cost model) stays a launch of its own and keeps its tiling; small ones still group, also
+    across it when they are independent of it (an optimizer step's biases between its weights)."""
+    _skip_interpreting(monkeypatch)
+
+    def f(a, big, b):
+        return a.relu() + 1, big.sigmoid() * 2, b.tanh() * 3
+
+    _, report = _compiled(f, torch.randn(33), torch.randn(1024, 4096), torch.randn(7, 5))
     (group,) = [d for d in report.decisions if d.verdict == "grouped"]
     assert group.reason.startswith("2 "), group
     assert len(_launches(report)) == 2, report.host_program
+
+
+@pytest.mark.skipif(os.environ.get("KILN_TARGET") != "triton", reason="the Triton target's grouping rule")
+def test_a_small_kernel_reading_a_large_ones_output_stays_after_it(monkeypatch):
+    _skip_interpreting(monkeypatch)
+
+    def f(a, big):
+        c = big.sigmoid()
+        return a.relu() + 1, c, c[0, :33] * 2
+
+    _, report = _compiled(f, torch.randn(7, 5), torch.randn(1024, 4096))
+    launches = _launches(report)
+    assert len(launches) == 3, report.host_program  # the slice cannot join the group before c
+    writes = [set(launch.writes) for launch in launches]
+    for k, launch in enumerate(launches):
+        reads = set(launch.args) - set(launch.writes)
+        assert not reads & set().union(*writes[k:]), report.host_program
+
+
+@pytest.mark.skipif(os.environ.get("KILN_TARGET") != "triton", reason="the Triton target's merging rule")
+def test_on_a_gpu_many_unrelated_small_kernels_stay_apart_and_run_as_groups():
+    """Merged, a small domain's few programs would walk every member's buffers in turn (an
+    optimizer step's biases: 0.16 ms for what a group runs in microseconds)."""
+    from kiln.codegen.triton_launch import SMALL_MERGE_BUFFERS
+
+    def f(*xs):
+        return [x * 2 + 1 for x in xs]
+
+    args = [torch.randn(48) for _ in range(SMALL_MERGE_BUFFERS)]
+    out, report = _compiled(f, *args)
+    assert_same(out, f(*args))
+    launches = _launches(report)
+    assert len(launches) == 1 and any(d.verdict == "grouped" for d in report.decisions), report.host_program
+    merged = [d for d in report.decisions if d.verdict == "merged"]
+    assert 0 < len(merged) < len(args) - 1, merged
 
 
 def test_a_kernel_reading_a_family_size_joins_no_group_and_the_family_compiles_once():

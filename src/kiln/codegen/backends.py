@@ -43,6 +43,10 @@ class Backend:
     # On a CPU each kernel is a parallel region to enter; on a GPU a merged kernel's threads
     # hold every member's streams at once, which pays only where the launch is the cost
     merge_unrelated_points: int | None = None
+    # the most buffers a kernel merged from unrelated ones moves (None: any). A small domain
+    # is few programs on a GPU, and each walks all its streams one after another; unrelated
+    # kernels that stay apart run side by side in a kernel group instead
+    merge_unrelated_buffers: int | None = None
     # whether a math-library value read over a larger domain than its own may be stored rather
     # than recomputed, where the cost model says it pays: a CPU's math calls cost far more than
     # loads; a GPU's are nearly free, and storing would add a launch
@@ -93,6 +97,7 @@ def _triton(options) -> Backend:
                    unsupported, launch.BUSY_PROGRAMS, launch.COLUMN_BLOCK, split_small_addmm=True,
                    group_members=16, group_buffers=128, group_launch_bound_only=True,
                    merge_unrelated_points=launch.SMALL_DOMAIN,
+                   merge_unrelated_buffers=launch.SMALL_MERGE_BUFFERS,
                    matmul_templates=options.matmul_templates,
                    times_matmuls=options.mode == "max-autotune", matmul_tile=matmul.tile,
                    matmul_spills=triton_build.template_spill_bytes,

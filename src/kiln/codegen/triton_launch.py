@@ -29,6 +29,9 @@ BUSY_PROGRAMS = 1024
 # a domain small enough that a kernel over it costs its launch, not its work (on an H100 or
 # H200 65536 points of 4 bytes move in well under a launch's time)
 SMALL_DOMAIN = 1 << 16
+# the buffers a kernel merged from unrelated ones over a small domain moves at most: its few
+# programs read and write every stream in turn, so a merge of many costs more than a launch
+SMALL_MERGE_BUFFERS = 16
 COLUMN_BLOCK = 32  # outputs one program of a column reduction computes
 # Threads an H100/H200 keeps resident (132 multiprocessors of 2048), and the part of its 50 MB
 # L2 cache that rows read again by a later pass of their program may take (the rest holds

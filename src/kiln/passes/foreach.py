@@ -1,11 +1,14 @@
-"""Kernel groups: neighbouring point-wise kernels that are independent of one another run as
-one launch (ir/group.py), as a foreach op does. An optimizer step computes each parameter's
-update in its own kernel (its own shape); grouped, the whole step is a few launches.
+"""Kernel groups: point-wise kernels that are independent of one another run as one launch
+(ir/group.py), as a foreach op does. An optimizer step computes each parameter's update in its
+own kernel (its own shape); grouped, the whole step is a few launches.
 
 Kernels join a group while none reads or writes a buffer another member writes (then their
 order does not matter), no ATen call stands between them, and the group stays under the
 backend's limits of members and buffers. On a GPU only launch-bound kernels join: a larger
-one hides its launch behind the work queued before it, and in a group it would lose its tiling.
+one hides its launch behind the work queued before it, and in a group it would lose its
+tiling. Such a kernel may stand between members (an optimizer step's weights between its
+biases): the group runs where its first member stood, so later members must be independent of
+it too.
 """
 
 from __future__ import annotations
@@ -45,20 +48,28 @@ def group_kernels(sched: Schedule, kernels: dict[int, Kernel], max_members: int,
     runs: list[list[KernelPlan]] = [[]]
     reads: set[str] = set()
     writes: set[str] = set()
+    # buffers of the kernels the open run has passed over: a later member moves before them
+    passed_reads: set[str] = set()
+    passed_writes: set[str] = set()
     args = 0
     for step in sched.steps:
         kern = kernels.get(id(step)) if isinstance(step, KernelPlan) else None
-        if kern is None or not _groupable(kern) or (joins is not None and not joins(kern)):
+        if kern is None or not _groupable(kern):  # an ATen call's buffers are not known here
             runs.append([])
-            reads, writes, args = set(), set(), 0
+            reads, writes, passed_reads, passed_writes, args = set(), set(), set(), set(), 0
             continue
         r, w = _buffers(kern)
+        if joins is not None and not joins(kern):
+            passed_reads |= r
+            passed_writes |= w
+            continue
         run = runs[-1]
-        independent = not (r & writes) and not (w & (reads | writes))
+        independent = (not (r & (writes | passed_writes))
+                       and not (w & (reads | writes | passed_reads | passed_writes)))
         if not independent or len(run) >= max_members or args + len(kern.args) > max_buffers:
             run = []
             runs.append(run)
-            reads, writes, args = set(), set(), 0
+            reads, writes, passed_reads, passed_writes, args = set(), set(), set(), set(), 0
         run.append(step)
         reads |= r
         writes |= w

@@ -455,13 +455,22 @@ def _points(shape) -> int | float:
     return n
 
 
+def _may_merge_unrelated(shape, streams: int, max_points: int | None, max_buffers: int | None) -> bool:
+    """Whether a kernel over shape may take an unrelated member and so move streams buffers."""
+    if max_points is not None and _points(shape) > max_points:
+        return False
+    return max_buffers is None or streams <= max_buffers
+
+
 def schedule(
     graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias], decisions: list[Decision],
     merge_unrelated_points: int | None = None, broadcast_math: Ceilings | None = None,
+    merge_unrelated_buffers: int | None = None,
 ) -> Schedule:
     """Kernels for every stored node that is computed, given the stored set so far. Kernels
     over one domain merge where independent; over a domain of more than merge_unrelated_points
-    points only those that read a buffer in common (or one computes what the other reads).
+    points, or into a kernel that would then move more than merge_unrelated_buffers buffers,
+    only those that read a buffer in common (or one computes what the other reads).
     broadcast_math: the device's ceilings, to store math-library values that consumers would
     recompute at more points where the cost model says it pays (_store_broadcast_math); None:
     never (a GPU's math is nearly free and a store costs a launch)."""
@@ -510,8 +519,9 @@ def schedule(
                 continue
             # what the kernel stores element-wise it can also recompute for n
             recomputable = {r for r in step.roots if r.op is not Op.REDUCE and stored[r] != READ_AS_STORED}
-            related = (merge_unrelated_points is None or _points(iter_shape) <= merge_unrelated_points
-                       or bool(need & (buffers[k] | set(step.roots))))
+            related = (bool(need & (buffers[k] | set(step.roots)))
+                       or _may_merge_unrelated(iter_shape, len(buffers[k] | need) + len(step.roots) + 1,
+                                               merge_unrelated_points, merge_unrelated_buffers))
             if (
                 related
                 and need <= produced_before[k] | recomputable

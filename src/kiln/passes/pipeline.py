@@ -341,7 +341,8 @@ def _fuse_and_kernelize(
 ) -> tuple[Schedule, dict[int, Kernel]]:
     while True:
         sched = schedule(graph, dict(stored), aliases, list(decisions), backend.merge_unrelated_points,
-                         _cpu_ceilings() if backend.store_broadcast_math else None)
+                         _cpu_ceilings() if backend.store_broadcast_math else None,
+                         backend.merge_unrelated_buffers)
         names = buffer_names_for(graph, sched.stored)
         kernels: dict[int, Kernel] = {}
         try:
