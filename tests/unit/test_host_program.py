@@ -386,6 +386,37 @@ def test_without_an_arena_a_slot_is_its_first_buffer_viewed_again():
     torch.testing.assert_close(_run(planned, x)[0], x.t() * 64)
 
 
+def _slot_kept_across_aten_results() -> HostProgram:
+    """t1 dies at the first ATen call; t2, of its dtype and extent, begins after the third,
+    where the program's peak is (big, big2 and their sum)."""
+    f32, shape, stride = torch.float32, (4, 4), (4, 1)
+    body = [Alloc("t1", shape, stride, f32), Launch("double", ("arg0", "t1"), ("t1",), aligned=True),
+            CallAten("big", "aten::repeat.default", (Ref("t1"), [8, 1]), may_alias=False),
+            CallAten("big2", "aten::repeat.default", (Ref("arg0"), [8, 1]), may_alias=False),
+            CallAten("sum", "aten::add.Tensor", (Ref("big"), Ref("big2")), may_alias=False),
+            Alloc("t2", shape, stride, f32), Launch("double", ("arg0", "t2"), ("t2",), aligned=True),
+            Alloc("out", shape, stride, f32), Launch("double", ("t2", "out"), ("out",), aligned=True),
+            Return((Ref("sum"), Ref("out")))]
+    return HostProgram("cpu", "tensors", 1, (InputSpec("arg0", 0, f32, shape, stride, "cpu"),), tuple(body))
+
+
+def test_without_an_arena_a_dead_slot_is_kept_only_where_it_raises_no_peak():
+    """Kept for t2, t1's memory would be alive beside the three ATen results, the peak."""
+    program = _slot_kept_across_aten_results()
+    kept, _ = plan_memory(program, arena=False)
+    assert View("t2", "t1", (4, 4), (4, 1), 0) in kept.body  # results of unknown size: no peak seen
+    results = {name: (torch.float32, (32, 4)) for name in ("big", "big2", "sum")}
+    freed, _ = plan_memory(program, arena=False, layouts=results)
+    assert not any(isinstance(i, View) for i in freed.body), freed.body
+    outs = [getattr(i, "out", None) for i in freed.body]
+    assert freed.body.index(Free("t1")) < outs.index("big2"), freed.body
+    x = torch.randn(4, 4)
+    for planned in (kept, freed):
+        total, out = _run(planned, x)
+        torch.testing.assert_close(total, (x * 3).repeat(8, 1))
+        torch.testing.assert_close(out, x * 4)
+
+
 def _row_kernels(x):
     """Temporaries only kernels read: softmax rows, a layer norm, a column scan."""
     y = torch.softmax(x * 2, -1)

@@ -6,9 +6,9 @@ calls (one per thread), so temporaries cost no allocation and no page faults: ea
 is placed at the lowest offset where it overlaps no temporary alive at the same time, the
 largest first (the arena is then about the largest set of temporaries alive at once, not the
 sum of every shape's). Elsewhere a slot is the memory of its first temporary, viewed again by
-the next temporary of the same dtype and extent once the first is dead, and freed once no
-later temporary of that dtype and extent remains to take it (the caching allocator reuses
-memory across shapes itself). Every other buffer, inputs included,
+the next temporary of the same dtype and extent once the first is dead, where keeping it until
+then raises no peak of the program's bytes alive (ATen results counted); otherwise it is freed
+(the caching allocator reuses memory across shapes itself). Every other buffer, inputs included,
 is freed after its last read (with the boxed calling convention a backward's saved
 activations go one layer at a time), except what the program returns.
 """
@@ -16,6 +16,8 @@ activations go one layer at a time), except what the program returns.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +41,7 @@ from kiln.ir.host import (
     refs,
     slot_bytes,
 )
-from kiln.ir.sizes import is_symbolic
+from kiln.ir.sizes import hint, is_symbolic
 from kiln.passes.layout import is_non_overlapping
 
 
@@ -157,14 +159,13 @@ def update_inputs_in_place(program: HostProgram) -> tuple[tuple[Instr, ...], int
     return tuple(i for k, i in enumerate(out) if k not in gone), written
 
 
-def _pooled_allocs_by_key(body: tuple[Instr, ...], returned: set[str], shared: set[str]) -> dict[tuple, int]:
-    """How many temporaries of each (dtype, extent) the program allocates."""
-    counts: dict[tuple, int] = {}
-    for ins in body:
+def _pooled_starts(body: tuple[Instr, ...], returned: set[str], shared: set[str]) -> dict[tuple, list[int]]:
+    """Where the program allocates its temporaries of each (dtype, extent)."""
+    starts: dict[tuple, list[int]] = {}
+    for k, ins in enumerate(body):
         if isinstance(ins, Alloc) and ins.slot is None and ins.out not in returned and ins.out not in shared:
-            key = (ins.dtype, extent(ins.shape, ins.stride))
-            counts[key] = counts.get(key, 0) + 1
-    return counts
+            starts.setdefault((ins.dtype, extent(ins.shape, ins.stride)), []).append(k)
+    return starts
 
 
 def pack_arena(temporaries: list[tuple[torch.dtype, int, int, int]]) -> list[int]:
@@ -199,9 +200,31 @@ def _place_in_arena(in_arena: list[tuple[int, Alloc, int]], out: list[Instr],
     return tuple(slots)
 
 
-def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostProgram, MemoryPlan]:
+def _bytes_alive_without_reuse(body: tuple[Instr, ...], last_read: dict[str, int], returned: set[str],
+                               layouts: dict[str, tuple]) -> list[int]:
+    """Bytes alive at each instruction if every buffer were freed after its last read: the
+    allocations' own, and ATen results' as layouts give them (none where they do not)."""
+    change = [0] * (len(body) + 2)
+    for k, ins in enumerate(body):
+        if isinstance(ins, Alloc):
+            nbytes = hint(extent(ins.shape, ins.stride)) * ins.dtype.itemsize
+        elif isinstance(ins, (CallAten, Item)) and ins.out in layouts:
+            dtype, shape = layouts[ins.out]
+            nbytes = math.prod(hint(d) for d in shape) * dtype.itemsize
+        else:
+            continue
+        end = len(body) if ins.out in returned else last_read.get(ins.out, k)
+        change[k] += nbytes
+        change[end + 1] -= nbytes
+    return list(itertools.accumulate(change[:-1]))
+
+
+def plan_memory(program: HostProgram, arena: bool | None = None,
+                layouts: dict[str, tuple] | None = None) -> tuple[HostProgram, MemoryPlan]:
     """The program with temporaries in slots and frees after last reads. arena: keep the slots
-    across calls (default: on the CPU)."""
+    across calls (default: on the CPU). layouts: buffer name -> (dtype, shape), for the sizes
+    of ATen calls' results (without an arena a dead slot is kept for a later temporary only
+    where the memory it holds raises no peak)."""
     if program.arena or any(isinstance(i, Free) or (isinstance(i, Alloc) and i.slot is not None)
                             for i in program.body):
         raise ValueError("kiln: the host program's memory is planned already (it has slots or frees)")
@@ -234,13 +257,18 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
         order.setdefault(getattr(ins, "out", ""), k)
 
     keys: list[tuple] = []  # without an arena: each slot's (dtype, extent)
-    free_slots: dict[tuple, list[int]] = {}
+    free_slots: dict[tuple, list[int]] = {}  # taken in the order they fell free
+    # without an arena: the bytes alive at each instruction, and their peak, which a dead slot
+    # kept for a later temporary of its key must not raise
+    alive = None if arena else _bytes_alive_without_reuse(body, last_read, returned, layouts or {})
+    peak = 0 if alive is None else max(alive)
     slot_of: dict[str, int] = {}
     holder: dict[int, str] = {}
     occupants: dict[int, list[str]] = {}  # without an arena: the names a slot's memory has had
     in_arena: list[tuple[int, Alloc, int]] = []  # (place in out, the Alloc, its instruction)
     arena_names: set[str] = set()  # in the arena: never freed
-    allocs_left = _pooled_allocs_by_key(body, returned, shared)
+    starts = _pooled_starts(body, returned, shared)
+    allocs_left = {key: len(ks) for key, ks in starts.items()}
     out: list[Instr] = []
     pooled = freed = 0
     for k, ins in enumerate(body):
@@ -257,7 +285,7 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
                 key = (ins.dtype, extent(ins.shape, ins.stride))
                 allocs_left[key] -= 1
                 if free_slots.get(key):
-                    slot = free_slots[key].pop()
+                    slot = free_slots[key].pop(0)
                 else:
                     slot = len(keys)
                     keys.append(key)
@@ -275,9 +303,16 @@ def plan_memory(program: HostProgram, arena: bool | None = None) -> tuple[HostPr
                 continue
             if name in slot_of:
                 slot = slot_of[name]
-                if allocs_left[keys[slot]] > 0:
-                    free_slots.setdefault(keys[slot], []).append(slot)
-                else:  # no later temporary takes this slot: its memory goes now, not at the return
+                key = keys[slot]
+                # slots are taken in the order they fell free: this one by the j-th next temporary
+                later, j = starts[key][len(starts[key]) - allocs_left[key]:], len(free_slots.get(key, ()))
+                taker = later[j] if j < len(later) else None
+                held = hint(key[1]) * key[0].itemsize
+                if taker is not None and max(alive[k + 1:taker], default=0) + held <= peak:
+                    for t in range(k + 1, taker):
+                        alive[t] += held
+                    free_slots.setdefault(key, []).append(slot)
+                else:  # no later temporary takes this slot, or holding it would raise the peak
                     for occupant in occupants.pop(slot, ()):
                         out.append(Free(occupant))
                         freed += 1

@@ -231,9 +231,9 @@ def _compile_graph(
         host = build_host_program(sched, kernels, names, layouts, device, backend.pass_pointers)
         t.summary = f"{len(host.body)} instructions"
     with _Timer(report, "memory") as t:
-        host, plan = plan_memory(host)
-        report.host_program = host
         report.buffer_layouts = {name: (n.dtype, tuple(n.shape)) for n, name in names.items()}
+        host, plan = plan_memory(host, layouts=report.buffer_layouts)
+        report.host_program = host
         t.summary = plan.summary()
     with _Timer(report, "codegen") as t:
         rendered = [size_params(kern) for kern in report.kernels]  # sizes become parameters
