@@ -3,9 +3,12 @@ from several threads do not share them."""
 
 import threading
 
+import pytest
 import torch
 
 import kiln
+from kiln.frontend.backend import REPORTS
+from kiln.ir.host import CallAten, Launch
 
 
 def _two_kernels_and_a_matmul(x, w):
@@ -93,3 +96,52 @@ def test_only_kernels_reading_outside_memory_check_its_alignment():
         assert ".aligned(" in calls[1], calls  # reads the matmul's new result
     else:  # C++ launchers take addresses and assume no alignment
         assert all(".data_ptr()" in c and ".aligned(" not in c for c in calls), calls
+
+
+def _report(f, *args):
+    torch._dynamo.reset()
+    before = len(REPORTS)
+    out = kiln.compile(f)(*args)
+    (report,) = REPORTS[before:]
+    return out, report
+
+
+def _written_over(report) -> list:
+    return [d for d in report.decisions if d.verdict == "written over"]
+
+
+def _conv_norm_act(x, w, scale, shift):
+    y = torch.nn.functional.conv2d(x, w, padding=1)  # an ATen result
+    h = torch.relu(y * scale + shift)  # read by the next convolution only
+    return torch.nn.functional.conv2d(h, w, padding=1).sum((2, 3))
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_a_point_wise_kernel_stores_into_a_dead_aten_results_memory(memory_format):
+    """The convolution's result is read by the norm's kernel alone: the kernel stores its
+    result there, and the program holds one buffer where it held two."""
+    x = torch.randn(2, 4, 8, 8).to(memory_format=memory_format)
+    args = (x, torch.randn(4, 4, 3, 3), torch.randn(4, 1, 1), torch.randn(4, 1, 1))
+    out, report = _report(_conv_norm_act, *args)
+    torch.testing.assert_close(out, _conv_norm_act(*args))
+    assert len(_written_over(report)) == 1, report.decisions
+    body = report.host_program.body
+    first_conv = next(i.out for i in body if isinstance(i, CallAten) and "convolution" in str(i.op))
+    assert any(first_conv in i.writes for i in body if isinstance(i, Launch)), report.host_program
+
+
+def _read_again(x, w):
+    y = x @ w
+    return torch.relu(y) @ w + y  # y is read after relu's kernel
+
+
+def _reversed(x, w):
+    return torch.flip(x @ w, [0, 1]) * 2 @ w  # the kernel reads the product at other elements
+
+
+@pytest.mark.parametrize("fn", [_read_again, _reversed])
+def test_a_kernel_writes_over_no_buffer_read_later_or_at_other_elements(fn):
+    args = (torch.randn(8, 8), torch.randn(8, 8))
+    out, report = _report(fn, *args)
+    torch.testing.assert_close(out, fn(*args))
+    assert not _written_over(report), report.decisions

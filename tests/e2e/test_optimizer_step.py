@@ -5,6 +5,7 @@ and compile once for all steps."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -98,9 +99,10 @@ def test_step_updates_parameters_and_states_in_place(name):
     copies = [i for i in report.host_program.body if isinstance(i, CallAten) and "copy" in i.op]
     assert not copies, copies
     # the parameters' updates in kernel groups, the step counts' in one more launch (Adam's
-    # weight decay splits a few updates in two kernels: a state, then the parameter reading it)
+    # weight decay splits a few updates in two kernels: a state, then the parameter reading it;
+    # on a GPU unrelated updates merge only up to 16 buffers, which may add one more level)
     launches = [i for i in report.host_program.body if isinstance(i, Launch)]
-    assert len(launches) <= 3, report.host_program
+    assert len(launches) <= (4 if os.environ.get("KILN_TARGET") == "triton" else 3), report.host_program
 
 
 def test_learning_rate_as_a_tensor_changes_without_a_recompile():

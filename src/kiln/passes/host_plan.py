@@ -113,9 +113,10 @@ def _error_checks(schedule: Schedule, kernels: dict[int, Kernel]) -> tuple[list[
 
 
 def _step_reads(step, schedule: Schedule, kernels, by_name: dict[str, Node]) -> set[Node]:
-    if isinstance(step, KernelPlan):
+    if isinstance(step, KernelPlan):  # an output it is not the first node of holds a value read
         kern = kernels[id(step)]
-        return {by_name[a] for a, p in zip(kern.args, kern.params) if not p.is_output}
+        return {by_name[a] for a, p in zip(kern.args, kern.params)
+                if a in by_name and (not p.is_output or by_name[a] not in step.roots)}
     return {schedule.aliases[i].base if i in schedule.aliases else i for i in step.inputs}
 
 
@@ -128,10 +129,13 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
     """The host program, before memory planning."""
     graph = schedule.graph
     b = _Builder(schedule, buffer_names, layouts)
-    # a kernel storing an input's update (passes/in_place.py) names its result as the input
-    by_name = {name: node for node, name in buffer_names.items() if node.op is not Op.INPUT}
+    # a kernel storing an input's update, or a result over a dead buffer (passes/in_place.py),
+    # names its result as that input or buffer: a name stands for its first node
+    by_name: dict[str, Node] = {}
+    for node, name in buffer_names.items():
+        if node.op is not Op.INPUT:
+            by_name.setdefault(name, node)
     by_name.update({name: node for node, name in buffer_names.items() if node.op is Op.INPUT})
-    input_names = {name for node, name in buffer_names.items() if node.op is Op.INPUT}
     checks, error_offsets = _error_checks(schedule, kernels)
     reads_by_step = [_step_reads(s, schedule, kernels, by_name) for s in schedule.steps]
     # Kernels and strided views read ATen results with the strides PyTorch's shape functions
@@ -149,7 +153,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
             continue
         if isinstance(step, KernelPlan):
             kern = kernels[id(step)]
-            for root in (r for r in step.roots if buffer_names[r] not in input_names):
+            for root in (r for r in step.roots if by_name[buffer_names[r]] is r):
                 b.body.append(Alloc(buffer_names[root], root.shape, layouts(root), root.dtype))
             if kern.outer_numel != 0:  # an empty output needs no kernel
                 if kern.name not in launched:

@@ -1,4 +1,4 @@
-"""Updates of graph inputs written in place.
+"""Updates of graph inputs written in place, and results written over dead buffers.
 
 AOTAutograd keeps each update of a graph input (an optimizer's parameters and states, a
 norm's running statistics) as a `copy_(input, new_value)` at the end of the graph. Where it
@@ -14,16 +14,24 @@ Writing into an input is safe when
   the new value (the caller would get memory the next update overwrites);
 - inside the kernel, every read of the input is at the element being written, before the
   write. A point-wise kernel stores all its results after all its loads to make it so.
+
+The same rules let a point-wise kernel store a result into the memory of a buffer it reads and
+no later step reads (a convolution's result under its norm and activation, a matmul's under its
+bias and activation): a buffer of the program's own, neither returned nor viewed, of the
+result's shape, dtype and strides. The program then holds one buffer where it held two.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import torch
 
 from kiln.ir import kernel as k
+from kiln.ir.group import is_group
+from kiln.ir.matmul import is_matmul
 from kiln.ir.sizes import is_symbolic
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
@@ -193,3 +201,78 @@ def write_in_place(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[No
                  f"{problem}")
         for u, problem in verdicts.items()
     ]
+
+
+def _fresh_memory(n: Node, sched: Schedule) -> bool:
+    """Whether n's buffer is memory of its own: a kernel's result, or an ATen result that is
+    no view of its arguments."""
+    if n in sched.aliases or n.op in (Op.INPUT, Op.ITEM):
+        return False
+    if n.op is not Op.EXTERN:
+        return True
+    schema = getattr(n.attrs[0], "_schema", None)
+    return schema is not None and not any(r.alias_info for r in schema.returns)
+
+
+def _same_memory_shape(root: Node, b: Node, sched: Schedule, layouts) -> bool:
+    """Whether root may take b's memory as it is: b's own memory, of root's dtype and layout."""
+    stride = layouts(b)
+    return (_fresh_memory(b, sched) and b.shape == root.shape and b.dtype == root.dtype
+            and stride is not None and same_strides(root.shape, stride, layouts(root))
+            and is_non_overlapping(root.shape, tuple(stride)))
+
+
+def write_over_dead_buffers(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[Node, str], layouts,
+                            emit: Callable[[KernelPlan, dict[Node, str]], k.Kernel]) -> list[Decision]:
+    """Let a point-wise kernel store a result into the memory of a buffer it reads and no
+    later step reads (a convolution's result under its norm and activation): the program then
+    holds one buffer where it held two. Rewrites sched's kernels and names (in place) as
+    write_in_place does; one decision per buffer written over."""
+    viewed = {a.base for a in sched.aliases.values()}
+    returned = output_memory(sched)
+    by_name = {name: node for node, name in names.items()}
+    # a node named as an input (its update, stored into it) has no memory of its own
+    owner = {name: node for node, name in reversed(names.items())}
+    owner.update({name: node for node, name in names.items() if node.op is Op.INPUT})
+    owns = {node for node, name in names.items() if owner[name] is node}
+    last_reader: dict[Node, int] = {}
+    for i, step in enumerate(sched.steps):
+        for n in _step_reads(step, kernels, by_name, sched):
+            last_reader[n] = i
+    decisions, taken, moved = [], set(), {}
+    for i, step in enumerate(sched.steps):
+        kern = kernels.get(id(step)) if isinstance(step, KernelPlan) else None
+        if kern is None or kern.reduce or is_matmul(kern) or is_group(kern):
+            continue
+        reads = [by_name[a] for a, p in zip(kern.args, kern.params) if not p.is_output and a in by_name]
+        trial = dict(names)
+        pairs = []
+        for root in step.roots:
+            if root not in owns or root in returned or root in viewed or is_symbolic(math.prod(root.shape)):
+                continue
+            for b in reads:
+                if (b in owns and b not in taken and b not in returned and b not in viewed
+                        and last_reader.get(b) == i and _same_memory_shape(root, b, sched, layouts)):
+                    trial[root] = names[b]
+                    pairs.append((root, b))
+                    taken.add(b)
+                    break
+        while pairs:
+            candidate = _stores_after_loads(emit(step, trial))
+            unsafe = [(r, b) for r, b in pairs if _kernel_problem(candidate, names[b]) is not None]
+            if not unsafe:
+                kernels[id(step)] = candidate
+                break
+            for r, b in unsafe:
+                trial[r] = names[r]
+                taken.discard(b)
+            pairs = [p for p in pairs if p not in unsafe]
+        for root, b in pairs:
+            moved[names[root]] = names[b]
+            names[root] = names[b]
+            decisions.append(Decision(node_label(root), "written over", f"stored into the memory of "
+                                      f"{node_label(b)}, which no later step reads"))
+    for key, kern in kernels.items():  # later kernels read each result where it now is
+        if moved.keys() & set(kern.args):
+            kernels[key] = dataclasses.replace(kern, args=tuple(moved.get(a, a) for a in kern.args))
+    return decisions

@@ -11,7 +11,8 @@
     fuse        kernels: element-wise inlined, reductions fused into consumers, merges
     kernelize   kernel IR for each kernel (a reduction read off its row is stored instead);
                 kernels with the same text share one name and one build
-    in place    kernels store the updates of graph inputs (an optimizer's parameters) into them
+    in place    kernels store the updates of graph inputs (an optimizer's parameters) into them,
+                and point-wise results into the memory of a buffer they read last
     matmul      an ATen matmul and the element-wise kernel reading its product -> one Triton
                 matmul template with the kernel as its epilogue (where the cost model says so)
     group       independent point-wise kernels run as one launch, as a foreach op
@@ -55,7 +56,7 @@ from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op
 from kiln.passes.foreach import group_kernels
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, plan_stores, schedule
 from kiln.passes.host_plan import build_host_program
-from kiln.passes.in_place import write_in_place
+from kiln.passes.in_place import write_in_place, write_over_dead_buffers
 from kiln.passes.kernelize import emit_kernel, transposing_copy
 from kiln.passes.layout import LayoutChoice, Layouts
 from kiln.passes.matmul import use_templates
@@ -198,6 +199,8 @@ def _compile_graph(
             "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows))
         kernels = _name_by_content(kernels, sched)
         templates = _matmul_templates(sched, kernels, names, layouts, backend, example_inputs)
+        reused = write_over_dead_buffers(sched, kernels, names, layouts, lambda plan, trial: emit_kernel(
+            "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows))
         left_in_aten = {str(s.attrs[0]) for s in sched.steps
                         if not isinstance(s, KernelPlan) and s.op is Op.EXTERN}
         for name in [n for n in report.fallbacks if n not in left_in_aten and templates]:
@@ -206,7 +209,7 @@ def _compile_graph(
         joins = _launch_bound(example_inputs) if backend.group_launch_bound_only else None
         groups = group_kernels(sched, kernels, backend.group_members, backend.group_buffers, joins)
         kernels = _name_by_content(kernels, sched)
-        sched.decisions.extend(updates + templates + groups)
+        sched.decisions.extend(updates + reused + templates + groups)
         for step in sched.steps:
             copy = transposing_copy(kernels[id(step)], step, names, layouts) if id(step) in kernels else None
             if copy is not None:
@@ -221,7 +224,8 @@ def _compile_graph(
         in_place = sum(d.verdict == "in place" for d in updates)
         fused = sum(d.verdict == "template" for d in templates)
         t.summary = (f"{len(kernels)} kernels, {externs} ATen calls; {len(groups)} kernel groups, "
-                     f"{in_place} of {len(updates)} input updates in place, {fused} matmul templates")
+                     f"{in_place} of {len(updates)} input updates in place, {len(reused)} results stored "
+                     f"over dead buffers, {fused} matmul templates")
     with _Timer(report, "overlap") as t:
         moved = overlap_communication(sched, kernels, names)
         sched.decisions.extend(moved)
