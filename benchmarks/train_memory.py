@@ -118,6 +118,16 @@ def run(variant: str, base, shape, device: str, dtype, steps: int, profile: bool
     return {"loss": loss, "step": per_step, "peak": peak, "predicted": predicted}
 
 
+def use_cuda_memory_plan() -> None:
+    """Plan kiln's temporaries as on CUDA from now on (slots in their first temporary's memory,
+    no arena kept across calls), to measure that plan on the CPU."""
+    import functools
+
+    from kiln.passes import memory, pipeline
+
+    pipeline.plan_memory = functools.partial(memory.plan_memory, arena=False)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cpu")
@@ -134,11 +144,7 @@ def main() -> int:
                              "arena kept across calls), to measure that plan on the CPU")
     args = parser.parse_args()
     if args.no_arena:
-        import functools
-
-        from kiln.passes import memory, pipeline
-
-        pipeline.plan_memory = functools.partial(memory.plan_memory, arena=False)
+        use_cuda_memory_plan()
     default = torch.bfloat16 if args.device == "cuda" else torch.float32
     dtype = getattr(torch, args.dtype) if args.dtype else default
     print(f"device {args.device}, autocast {dtype}, {'full' if args.full else 'small'} configs")
