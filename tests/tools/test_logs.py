@@ -99,9 +99,9 @@ def test_a_long_compile_says_which_pass_it_is_in(collected, monkeypatch):
     monkeypatch.setattr(logs, "WARN_AFTER_S", 0.5)
     plan_memory = pipeline.plan_memory
 
-    def slow_plan_memory(host):
+    def slow_plan_memory(host, **options):
         time.sleep(0.9)
-        return plan_memory(host)
+        return plan_memory(host, **options)
 
     monkeypatch.setattr(pipeline, "plan_memory", slow_plan_memory)
     logs.configure("passes")
