@@ -145,3 +145,16 @@ def test_a_kernel_writes_over_no_buffer_read_later_or_at_other_elements(fn):
     out, report = _report(fn, *args)
     torch.testing.assert_close(out, fn(*args))
     assert not _written_over(report), report.decisions
+
+
+def test_under_the_numerics_check_kernels_keep_their_inputs_to_be_checked_against():
+    """The check evaluates each launch from its inputs after it ran: none is written over."""
+    args = (torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3), torch.randn(4, 1, 1), torch.randn(4, 1, 1))
+    torch._dynamo.reset()
+    before = len(REPORTS)
+    out = kiln.compile(_conv_norm_act, check=True)(*args)
+    (report,) = REPORTS[before:]
+    torch.testing.assert_close(out, _conv_norm_act(*args))
+    assert not _written_over(report), report.decisions
+    launches = [i for i in report.host_program.body if isinstance(i, Launch)]
+    assert report.numerics.checked == len(launches) and not report.numerics.skipped, report.numerics

@@ -195,12 +195,16 @@ def _compile_graph(
     with _Timer(report, "fuse+kernelize") as t:
         sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend)
         names = buffer_names_for(graph, sched.stored)
-        updates = write_in_place(sched, kernels, names, layouts, lambda plan, trial: emit_kernel(
-            "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows))
+
+        def emit(plan, trial):
+            return emit_kernel("kernel", plan, trial, layouts, backend.row_scratch_limit,
+                               backend.keep_loaded_rows)
+
+        updates = write_in_place(sched, kernels, names, layouts, emit)
         kernels = _name_by_content(kernels, sched)
         templates = _matmul_templates(sched, kernels, names, layouts, backend, example_inputs)
-        reused = write_over_dead_buffers(sched, kernels, names, layouts, lambda plan, trial: emit_kernel(
-            "kernel", plan, trial, layouts, backend.row_scratch_limit, backend.keep_loaded_rows))
+        # the numerics check evaluates each launch from its inputs after it ran: they stay intact
+        reused = [] if check else write_over_dead_buffers(sched, kernels, names, layouts, emit)
         left_in_aten = {str(s.attrs[0]) for s in sched.steps
                         if not isinstance(s, KernelPlan) and s.op is Op.EXTERN}
         for name in [n for n in report.fallbacks if n not in left_in_aten and templates]:
