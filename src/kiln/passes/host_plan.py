@@ -41,7 +41,7 @@ from kiln.ir.kernel import Kernel, kernel_str, size_params
 from kiln.ir.sizes import NeedsNumber, symbols
 from kiln.ir.tensor import ArgRef, Node, Op
 from kiln.passes.fusion import Alias, KernelPlan, Schedule
-from kiln.passes.in_place import input_updates, output_memory
+from kiln.passes.in_place import input_updates, name_owners, output_memory, schema_may_alias
 from kiln.passes.layout import is_non_overlapping, same_strides
 
 
@@ -80,12 +80,7 @@ class _Builder:
 
 def _may_alias_inputs(node: Node) -> bool:
     """Whether an ATen call's result may share memory with its arguments (per its schema)."""
-    return _schema_may_alias(node.attrs[0] if node.op is Op.EXTERN else node.inputs[0].attrs[0])
-
-
-def _schema_may_alias(target: Any) -> bool:
-    schema = getattr(target, "_schema", None)
-    return schema is None or any(r.alias_info is not None for r in schema.returns)
+    return schema_may_alias(node.attrs[0] if node.op is Op.EXTERN else node.inputs[0].attrs[0])
 
 
 def _extern_may_alias(node: Node) -> bool:
@@ -129,13 +124,7 @@ def build_host_program(schedule: Schedule, kernels: dict[int, Kernel], buffer_na
     """The host program, before memory planning."""
     graph = schedule.graph
     b = _Builder(schedule, buffer_names, layouts)
-    # a kernel storing an input's update, or a result over a dead buffer (passes/in_place.py),
-    # names its result as that input or buffer: a name stands for its first node
-    by_name: dict[str, Node] = {}
-    for node, name in buffer_names.items():
-        if node.op is not Op.INPUT:
-            by_name.setdefault(name, node)
-    by_name.update({name: node for node, name in buffer_names.items() if node.op is Op.INPUT})
+    by_name = name_owners(buffer_names)
     checks, error_offsets = _error_checks(schedule, kernels)
     reads_by_step = [_step_reads(s, schedule, kernels, by_name) for s in schedule.steps]
     # Kernels and strided views read ATen results with the strides PyTorch's shape functions
@@ -229,7 +218,7 @@ def _extern(b: _Builder, step: Node, layout_checked: bool) -> None:
     name = b.names[step]
     args = tuple(b.literal(a, argnames) for a in args_t)
     kwargs = tuple((k, b.literal(v, argnames)) for k, v in kwargs_t.items())
-    b.body.append(CallAten(name, op, args, kwargs, _schema_may_alias(target)))
+    b.body.append(CallAten(name, op, args, kwargs, schema_may_alias(target)))
     if step.attrs[5] and layout_checked:
         b.body.append(EnsureLayout(name, name, step.shape, b.layouts(step), step.dtype))
 

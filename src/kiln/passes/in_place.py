@@ -63,6 +63,25 @@ def input_updates(sched: Schedule) -> list[InputUpdate]:
     return found
 
 
+def schema_may_alias(target) -> bool:
+    """Whether an ATen op's result may share memory with its arguments (per its schema; an op
+    without one may)."""
+    schema = getattr(target, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
+def name_owners(names: dict[Node, str]) -> dict[str, Node]:
+    """The node whose memory each buffer name is: a kernel storing an input's update, or a
+    result written over a dead buffer, is named as that input or buffer; the input, else the
+    first node of a name, owns it."""
+    owners: dict[str, Node] = {}
+    for node, name in names.items():
+        if node.op is not Op.INPUT:
+            owners.setdefault(name, node)
+    owners.update({name: node for node, name in names.items() if node.op is Op.INPUT})
+    return owners
+
+
 def _base(n: Node, sched: Schedule) -> Node:
     return sched.aliases[n].base if n in sched.aliases else n
 
@@ -80,8 +99,7 @@ def output_memory(sched: Schedule) -> set[Node]:
         if n in sched.aliases:
             stack.append(sched.aliases[n].base)
         call = n if n.op is Op.EXTERN else n.inputs[0] if n.op is Op.ITEM else None
-        schema = getattr(call.attrs[0], "_schema", None) if call is not None else None
-        may_alias = call is not None and (schema is None or any(r.alias_info for r in schema.returns))
+        may_alias = call is not None and schema_may_alias(call.attrs[0])
         if n.op is Op.VIEW or may_alias:
             stack.extend(n.inputs if n.op is not Op.ITEM else call.inputs)
     return seen
@@ -208,10 +226,7 @@ def _fresh_memory(n: Node, sched: Schedule) -> bool:
     no view of its arguments."""
     if n in sched.aliases or n.op in (Op.INPUT, Op.ITEM):
         return False
-    if n.op is not Op.EXTERN:
-        return True
-    schema = getattr(n.attrs[0], "_schema", None)
-    return schema is not None and not any(r.alias_info for r in schema.returns)
+    return n.op is not Op.EXTERN or not schema_may_alias(n.attrs[0])
 
 
 def _same_memory_shape(root: Node, b: Node, sched: Schedule, layouts) -> bool:
@@ -222,56 +237,56 @@ def _same_memory_shape(root: Node, b: Node, sched: Schedule, layouts) -> bool:
             and is_non_overlapping(root.shape, tuple(stride)))
 
 
-def write_over_dead_buffers(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[Node, str], layouts,
-                            emit: Callable[[KernelPlan, dict[Node, str]], k.Kernel]) -> list[Decision]:
+def _stored_into(kern: k.Kernel, result: str, buffer: str) -> k.Kernel:
+    """kern storing into buffer (one it reads) what it stored into result: one parameter
+    fewer, the buffer's now an output."""
+    params = dict(zip(kern.args, kern.params))
+    out, into = params[result].name, params[buffer].name
+    stages = tuple(k.Stage(st.loop, tuple(dataclasses.replace(s, buf=into) if isinstance(s, k.Store)
+                                          and s.buf == out else s for s in st.body))
+                   for st in kern.stages)
+    kept = [(dataclasses.replace(p, is_output=True) if p.name == into else p, a)
+            for p, a in zip(kern.params, kern.args) if p.name != out]
+    return dataclasses.replace(kern, stages=stages, params=tuple(p for p, _ in kept),
+                               args=tuple(a for _, a in kept))
+
+
+def write_over_dead_buffers(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[Node, str],
+                            layouts) -> list[Decision]:
     """Let a point-wise kernel store a result into the memory of a buffer it reads and no
     later step reads (a convolution's result under its norm and activation): the program then
-    holds one buffer where it held two. Rewrites sched's kernels and names (in place) as
-    write_in_place does; one decision per buffer written over."""
+    holds one buffer where it held two. Rewrites sched's kernels and names (in place); one
+    decision per buffer written over."""
     viewed = {a.base for a in sched.aliases.values()}
     returned = output_memory(sched)
-    by_name = {name: node for node, name in names.items()}
-    # a node named as an input (its update, stored into it) has no memory of its own
-    owner = {name: node for node, name in reversed(names.items())}
-    owner.update({name: node for node, name in names.items() if node.op is Op.INPUT})
-    owns = {node for node, name in names.items() if owner[name] is node}
+    owner = name_owners(names)  # a result named as an input (its update) has no memory of its own
     last_reader: dict[Node, int] = {}
     for i, step in enumerate(sched.steps):
-        for n in _step_reads(step, kernels, by_name, sched):
+        for n in _step_reads(step, kernels, owner, sched):
             last_reader[n] = i
     decisions, taken, moved = [], set(), {}
     for i, step in enumerate(sched.steps):
         kern = kernels.get(id(step)) if isinstance(step, KernelPlan) else None
         if kern is None or kern.reduce or is_matmul(kern) or is_group(kern):
             continue
-        reads = [by_name[a] for a, p in zip(kern.args, kern.params) if not p.is_output and a in by_name]
-        trial = dict(names)
-        pairs = []
+        reads = [(a, owner[a]) for a, p in zip(kern.args, kern.params) if not p.is_output and a in owner]
         for root in step.roots:
-            if root not in owns or root in returned or root in viewed or is_symbolic(math.prod(root.shape)):
+            if owner[names[root]] is not root or names[root] not in kern.args or root in returned \
+                    or root in viewed or is_symbolic(math.prod(root.shape)):
                 continue
-            for b in reads:
-                if (b in owns and b not in taken and b not in returned and b not in viewed
-                        and last_reader.get(b) == i and _same_memory_shape(root, b, sched, layouts)):
-                    trial[root] = names[b]
-                    pairs.append((root, b))
+            for arg, b in reads:
+                if (b in taken or b in returned or b in viewed or last_reader.get(b) != i
+                        or not _same_memory_shape(root, b, sched, layouts)):
+                    continue
+                candidate = _stores_after_loads(_stored_into(kern, names[root], arg))
+                if _kernel_problem(candidate, arg) is None:
+                    kern = kernels[id(step)] = candidate
                     taken.add(b)
+                    moved[names[root]] = names[b]
+                    names[root] = names[b]
+                    decisions.append(Decision(node_label(root), "written over", "stored into the memory "
+                                              f"of {node_label(b)}, which no later step reads"))
                     break
-        while pairs:
-            candidate = _stores_after_loads(emit(step, trial))
-            unsafe = [(r, b) for r, b in pairs if _kernel_problem(candidate, names[b]) is not None]
-            if not unsafe:
-                kernels[id(step)] = candidate
-                break
-            for r, b in unsafe:
-                trial[r] = names[r]
-                taken.discard(b)
-            pairs = [p for p in pairs if p not in unsafe]
-        for root, b in pairs:
-            moved[names[root]] = names[b]
-            names[root] = names[b]
-            decisions.append(Decision(node_label(root), "written over", f"stored into the memory of "
-                                      f"{node_label(b)}, which no later step reads"))
     for key, kern in kernels.items():  # later kernels read each result where it now is
         if moved.keys() & set(kern.args):
             kernels[key] = dataclasses.replace(kern, args=tuple(moved.get(a, a) for a in kern.args))

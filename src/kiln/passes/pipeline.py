@@ -204,7 +204,7 @@ def _compile_graph(
         kernels = _name_by_content(kernels, sched)
         templates = _matmul_templates(sched, kernels, names, layouts, backend, example_inputs)
         # the numerics check evaluates each launch from its inputs after it ran: they stay intact
-        reused = [] if check else write_over_dead_buffers(sched, kernels, names, layouts, emit)
+        reused = [] if check else write_over_dead_buffers(sched, kernels, names, layouts)
         left_in_aten = {str(s.attrs[0]) for s in sched.steps
                         if not isinstance(s, KernelPlan) and s.op is Op.EXTERN}
         for name in [n for n in report.fallbacks if n not in left_in_aten and templates]:
