@@ -1,16 +1,18 @@
 """GPT-2 (124M) first training step in a fresh process, cold and warm: kiln (with and without
 its joint cache, KILN_JOINT_CACHE=0; with Dynamo's caching precompile) beside Inductor.
 
-    PYTHONPATH=src python -m benchmarks.warm_train [--small] [--runs 3] [--device cuda]
+    PYTHONPATH=src python -m benchmarks.warm_train [--small] [--model nanogpt] [--runs 3] [--device cuda]
         [--variants kiln,kiln-no-joint,kiln-precompile,inductor,inductor-precompile] [--profile 25]
 
 Each measurement is its own process. Per compiler, one process starts from empty caches (kiln,
 Inductor, Triton: fresh temporary folders) and fills them (cold); later processes find them
 (warm). A process times `import torch`, then from the compiler's import to the end of the
 first step (forward, loss, backward; synchronized): Dynamo, AOTAutograd where it runs, the
-compiler and one step (under TORCH_CACHING_PRECOMPILE=1, the loss outside the compiled model,
-which Dynamo's packaging requires). --small: a 2-layer GPT-2, for a check on the CPU. --profile N: one more
-warm process per compiler under cProfile, printing its N costliest functions (cumulative)."""
+compiler and one step. --model gpt2 (default) is transformers' GPT2LMHeadModel; under
+TORCH_CACHING_PRECOMPILE=1 its loss is taken outside the compiled model, which Dynamo's
+packaging requires. --model nanogpt is benchmarks/nanogpt.py's, its loss inside. --small: 2
+layers, for a check on the CPU. --profile N: one more warm process per compiler under
+cProfile, printing its N costliest functions (cumulative)."""
 
 from __future__ import annotations
 
@@ -28,15 +30,24 @@ import json, os, sys, time
 t0 = time.perf_counter()
 import torch
 imported = time.perf_counter() - t0
-from transformers import GPT2Config, GPT2LMHeadModel
-compiler, small, device = sys.argv[1], sys.argv[2] == "small", torch.device(sys.argv[3])
+compiler, model_name, small, device = sys.argv[1], sys.argv[2], sys.argv[3] == "small", \
+    torch.device(sys.argv[4])
 torch.manual_seed(0)
-size = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128) if small else \
-    dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50304, n_positions=1024)
-config = GPT2Config(**size, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
-model = GPT2LMHeadModel(config).to(device).train()
 batch, seq = (2, 64) if small else (8, 1024)
-ids = torch.randint(0, size["vocab_size"], (batch, seq), device=device)
+if model_name == "nanogpt":
+    sys.path.insert(0, os.environ["WARM_REPO"])
+    from benchmarks.nanogpt import GPT, GPTConfig, SMALL
+    config = SMALL if small else GPTConfig()
+    model = GPT(config).to(device).train()
+    vocab = config.vocab_size
+else:
+    from transformers import GPT2Config, GPT2LMHeadModel
+    size = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=128) if small else \
+        dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50304, n_positions=1024)
+    config = GPT2Config(**size, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+    model = GPT2LMHeadModel(config).to(device).train()
+    vocab = size["vocab_size"]
+ids = torch.randint(0, vocab, (batch, seq), device=device)
 sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 sync()
 profile = int(os.environ.get("WARM_PROFILE", "0"))
@@ -50,7 +61,9 @@ if compiler == "inductor":
 else:
     import kiln
     compiled = kiln.compile(model)
-if os.environ.get("TORCH_CACHING_PRECOMPILE") == "1":
+if model_name == "nanogpt":
+    compiled(ids, ids).backward()
+elif os.environ.get("TORCH_CACHING_PRECOMPILE") == "1":
     # Dynamo's precompile cannot package transformers' loss_function (a property): the loss is
     # taken outside the compiled model, as a nanoGPT-style loop does
     logits = compiled(ids).logits
@@ -75,9 +88,10 @@ print(json.dumps({"import_torch": imported, "first_step": first, "joint": stats}
 
 def run(compiler: str, caches: dict[str, str], args: argparse.Namespace, extra: dict[str, str],
         profile: int = 0) -> dict:
-    env = {**os.environ, **caches, "HF_HUB_OFFLINE": "1", **extra, "WARM_PROFILE": str(profile)}
+    env = {**os.environ, **caches, "HF_HUB_OFFLINE": "1", **extra, "WARM_PROFILE": str(profile),
+           "WARM_REPO": str(Path(__file__).resolve().parents[1])}
     size = "small" if args.small else "full"
-    proc = subprocess.run([sys.executable, "-c", CHILD, compiler, size, args.device], env=env,
+    proc = subprocess.run([sys.executable, "-c", CHILD, compiler, args.model, size, args.device], env=env,
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
@@ -89,6 +103,8 @@ def run(compiler: str, caches: dict[str, str], args: argparse.Namespace, extra: 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--model", choices=("gpt2", "nanogpt"), default="gpt2",
+                        help="transformers' GPT-2, or benchmarks/nanogpt.py's (its loss inside)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--variants", default="kiln,kiln-no-joint,inductor")
