@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch.fx as fx
@@ -50,7 +50,6 @@ from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
 from kiln.frontend.matmul_alignment import align_matmuls
 from kiln.ir.checks import ERROR_PARAM
-from kiln.ir.host import HostProgram
 from kiln.ir.kernel import Kernel, kernel_str, size_params
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op
 from kiln.passes.foreach import group_kernels
@@ -58,10 +57,11 @@ from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, p
 from kiln.passes.host_plan import build_host_program
 from kiln.passes.in_place import write_in_place, write_over_dead_buffers
 from kiln.passes.kernelize import emit_kernel, transposing_copy
-from kiln.passes.layout import LayoutChoice, Layouts
+from kiln.passes.layout import Layouts
 from kiln.passes.matmul import use_templates
 from kiln.passes.memory import plan_memory
 from kiln.passes.overlap import overlap_communication
+from kiln.passes.report import CompileReport, PassRecord
 from kiln.passes.simplify import all_rules, simplify
 from kiln.passes.source_map import (
     build_source_map,
@@ -71,49 +71,6 @@ from kiln.passes.source_map import (
     node_origins,
 )
 from kiln.passes.split_reductions import split_reductions
-
-
-@dataclass
-class PassRecord:
-    name: str
-    seconds: float
-    summary: str
-
-
-@dataclass
-class CompileReport:
-    backend: str = ""
-    passes: list[PassRecord] = field(default_factory=list)
-    graph_text: str = ""
-    decisions: list[Decision] = field(default_factory=list)
-    layouts: list[LayoutChoice] = field(default_factory=list)  # strides of the buffers kernels compute
-    fallbacks: dict[str, str] = field(default_factory=dict)
-    kernels: list[Kernel] = field(default_factory=list)
-    sources: dict[str, str] = field(default_factory=dict)
-    host_program: HostProgram | None = None
-    host_source: str = ""  # the Python generated from host_program
-    cache_hits: int = 0
-    partition: Any = None  # a training forward's PartitionSummary: what it saves, what is recomputed
-    cost: Any = None  # passes/cost.py's GraphCost, against eager's ops (set by the frontend)
-    program: Any = None  # a weak reference to the loaded call (explain times its launches)
-    from_cache: str = ""  # the graph cache entry the program was loaded from; "" when compiled
-    source_map: dict = field(default_factory=dict)  # kernel or ATen call -> passes/source_map.py's entry
-    node_origins: dict = field(default_factory=dict)  # node id -> model code (decisions name nodes by id)
-    launches: LaunchGraphs | None = None  # kept for the numerics check (compile_graph's check=True)
-    numerics: Any = None  # tools/check.py's NumericsReport, once a checked first call ran
-    buffer_layouts: dict = field(default_factory=dict)  # buffer -> (dtype, shape), for passes/peak.py
-    family: str = ""  # a program of a shape family: each size symbol, where it is read, its traced value
-    graphs: Any = None  # runtime/buckets.py's BucketedGraphs: a family's CUDA graphs under reduce-overhead
-    # kernel -> its launch configurations' compiled binaries (GPU kernels), or why none
-    binaries: dict = field(default_factory=dict)
-
-    @property
-    def num_kernels(self) -> int:
-        return len(self.kernels)
-
-    @property
-    def seconds(self) -> float:
-        return sum(p.seconds for p in self.passes)
 
 
 @dataclass

@@ -338,7 +338,7 @@ def _load(folder: Path, backend, t0: float) -> tuple[Callable, Any]:
     """The program of an entry, with its kernels from the backend's cache (t0: when the
     lookup began, its key included)."""
     from kiln.codegen import host as host_codegen
-    from kiln.passes.pipeline import CompileReport, PassRecord
+    from kiln.passes.report import CompileReport, PassRecord
 
     snapshot = pickle.loads((folder / "kernels.pkl").read_bytes())
     host = HostProgram.from_dict(json.loads((folder / "host.json").read_text()),
