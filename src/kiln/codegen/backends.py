@@ -36,9 +36,10 @@ class Backend:
     # buffers one group takes at most: a C++ group's call passes each (ctypes takes 1024); a
     # Triton group is one function whose compile grows with its members' code
     group_buffers: int = 1024
-    # whether only launch-bound kernels join groups: a Triton member runs over a flat index,
-    # so a kernel long enough to hide its launch would lose its own tiling and gain nothing
-    group_launch_bound_only: bool = False
+    # whether a kernel joins a group only when launch-bound or when its streams walk one index
+    # (passes/pipeline.py's _joins_group): a Triton member runs over a flat index, so a
+    # kernel that tiles its lines (a transposing one) would lose its tiling
+    group_flat_only: bool = False
     # the largest domain (points) over which kernels that share no buffer merge (None: any).
     # On a CPU each kernel is a parallel region to enter; on a GPU a merged kernel's threads
     # hold every member's streams at once, which pays only where the launch is the cost
@@ -95,7 +96,7 @@ def _triton(options) -> Backend:
     # a persistent row lives in registers: keeping it is free, re-reading it is not
     return Backend("triton", "Triton", triton_group.render_source, build, False, launch.PERSISTENT_MAX, True,
                    unsupported, launch.BUSY_PROGRAMS, launch.COLUMN_BLOCK, split_small_addmm=True,
-                   group_members=16, group_buffers=128, group_launch_bound_only=True,
+                   group_members=16, group_buffers=128, group_flat_only=True,
                    merge_unrelated_points=launch.SMALL_DOMAIN,
                    merge_unrelated_buffers=launch.SMALL_MERGE_BUFFERS,
                    matmul_templates=options.matmul_templates,

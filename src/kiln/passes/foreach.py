@@ -4,11 +4,10 @@ own kernel (its own shape); grouped, the whole step is a few launches.
 
 Kernels join a group while none reads or writes a buffer another member writes (then their
 order does not matter), no ATen call stands between them, and the group stays under the
-backend's limits of members and buffers. On a GPU only launch-bound kernels join: a larger
-one hides its launch behind the work queued before it, and in a group it would lose its
-tiling. Such a kernel may stand between members (an optimizer step's weights between its
-biases): the group runs where its first member stood, so later members must be independent of
-it too.
+backend's limits of members and buffers. On a GPU a kernel joins when launch-bound or when
+its streams walk one index (a group's member runs over a flat index and would lose a tiling of
+its own); one that does not join may stand between members: the group runs where its first
+member stood, so later members must be independent of it too.
 """
 
 from __future__ import annotations

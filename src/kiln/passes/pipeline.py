@@ -50,7 +50,7 @@ from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
 from kiln.frontend.matmul_alignment import align_matmuls
 from kiln.ir.checks import ERROR_PARAM
-from kiln.ir.kernel import Kernel, kernel_str, size_params
+from kiln.ir.kernel import Kernel, Load, Store, kernel_str, size_params
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op
 from kiln.passes.foreach import group_kernels
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, plan_stores, schedule
@@ -167,7 +167,7 @@ def _compile_graph(
         for name in [n for n in report.fallbacks if n not in left_in_aten and templates]:
             if any(d.node.endswith(" " + name) for d in templates if d.verdict == "template"):
                 del report.fallbacks[name]  # every call of it became a matmul template
-        joins = _launch_bound(example_inputs) if backend.group_launch_bound_only else None
+        joins = _joins_group(example_inputs) if backend.group_flat_only else None
         groups = group_kernels(sched, kernels, backend.group_members, backend.group_buffers, joins)
         kernels = _name_by_content(kernels, sched)
         sched.decisions.extend(updates + reused + templates + groups)
@@ -241,20 +241,33 @@ def _cpu_ceilings():
     return known_ceilings(torch.device("cpu")) or NOMINAL_CPU
 
 
-def _launch_bound(example_inputs) -> Callable[[Kernel], bool]:
-    """Whether the cost model predicts a kernel's launch costs more than its work (no, where
-    it cannot tell: grouping is an optimization)."""
+def _joins_group(example_inputs) -> Callable[[Kernel], bool]:
+    """Whether a kernel may join a GPU kernel group: when the cost model predicts its launch
+    costs more than its work, or when all its streams walk one index (an optimizer step's
+    update of a large weight), so that running its programs flat, after another member's,
+    loses no tiling while the group saves each kernel's last partial wave."""
     from kiln.passes.cost import kernel_cost
 
     ceilings = _gpu_ceilings(example_inputs)
 
-    def launch_bound(kern: Kernel) -> bool:
+    def joins(kern: Kernel) -> bool:
+        if _streams_alike(kern):
+            return True
         try:
             return kernel_cost(kern, ceilings).bound == "launch"
         except Exception:  # noqa: BLE001 - an estimate must not fail the compile
             return False
 
-    return launch_bound
+    return joins
+
+
+def _streams_alike(kern: Kernel) -> bool:
+    """Every load and store at the index of the kernel's stores, or of a single element."""
+    stmts = [s for st in kern.stages for s in st.body if isinstance(s, (Load, Store))]
+    stored = {s.index for s in stmts if isinstance(s, Store)}
+    if len(stored) != 1:
+        return False
+    return all(s.index in stored or not s.index.terms for s in stmts)
 
 
 def _matmul_templates(sched, kernels, names, layouts, backend: Backend, example_inputs) -> list[Decision]:
