@@ -86,7 +86,9 @@ def _number(text: str) -> int | str:
 def interior(kernel: k.Kernel, xi: Sym, per_line: set[int]):
     """(the line's own bounds checks, [(check, first, end)]) for a point-wise kernel whose
     bounds checks along its innermost loop xi are affine in it with a positive step: each
-    holds for first <= xi < end (C++ expressions of the outer loops). None without such checks."""
+    holds for first <= xi < end (C++ expressions of the outer loops). None without bounds
+    checks. A line with checks of its own only (a channels-last window's rows and columns)
+    is peeled too: its loads would stay conditional, which keeps the loop scalar."""
     loops = set(kernel.outer) - {xi}
     line_masks, along = [], []
     for st in kernel.stages:
@@ -110,7 +112,7 @@ def interior(kernel: k.Kernel, xi: Sym, per_line: set[int]):
             else:
                 end = f"{n} - ({r})" if c == 1 else f"kiln_floordiv({n} - 1 - ({r}), {c}) + 1"
             along.append((s, first, end))
-    return (line_masks, along) if along else None
+    return (line_masks, along) if along or line_masks else None
 
 
 def transposed_loads(kernel: k.Kernel, xj: Sym, xi: Sym) -> list[k.Load]:

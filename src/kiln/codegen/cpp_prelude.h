@@ -100,14 +100,15 @@ static inline void kiln_transpose_tile(const uint16_t* src, int64_t stride, uint
 
 // NaN if either is NaN, else the first operand on ties (-0.0 vs 0.0), as eager. The comparison
 // is made whatever the operands: one made only for numbers may trap, and g++ then keeps the
-// loop scalar.
+// loop scalar. `b > a ? b : a` is one vector max instruction (it yields a when either is NaN),
+// so only b's NaN needs a select.
 template <typename T> static inline T kiln_maximum(T a, T b) {
   T larger = b > a ? b : a;
-  return (a != a) ? a : ((b != b) ? b : larger);
+  return (b != b) ? b : larger;
 }
 template <typename T> static inline T kiln_minimum(T a, T b) {
   T smaller = b < a ? b : a;
-  return (a != a) ? a : ((b != b) ? b : smaller);
+  return (b != b) ? b : smaller;
 }
 
 // Integer division as eager computes it. Divisors 0 and -1 never reach a division: by 0 it
