@@ -16,7 +16,7 @@ from kiln.ir import kernel as k
 from kiln.ir.checks import ERROR_PARAM, RULES, Check
 from kiln.ir.index import Expr, Sym
 from kiln.ir.kernel import compute_dtype
-from kiln.ir.sizes import known_le
+from kiln.ir.sizes import known_le, known_lt
 from kiln.ir.tensor import Node, Op, dim_syms, value_sym
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, reductions_below
 from kiln.passes.kernel_cse import merge_common_values
@@ -168,12 +168,15 @@ class KernelEmitter:
             index_map, valid, fill = node.attrs
             mapping = dict(zip(dim_syms(node.shape), index))
             src_index = tuple(ix.substitute(e, mapping) for e in index_map)
-            if not valid:
+            # a check that holds at every point read here (a window's middle tap) is dropped
+            checks = [(at, size) for at, size in ((ix.substitute(e, mapping), size) for e, size in valid)
+                      if not _always_within(at, size)]
+            if not checks:
                 return self.value(node.inputs[0], src_index, mask)
             cond = None
-            for e, size in valid:
+            for at, size in checks:
                 c = self._tmp()
-                self._emit(k.InBounds(c, ix.substitute(e, mapping), size))
+                self._emit(k.InBounds(c, at, size))
                 cond = c if cond is None else self._binary("logical_and", cond, c, torch.bool)
             inner_mask = cond if mask is None else self._binary("logical_and", mask, cond, torch.bool)
             v = self.value(node.inputs[0], src_index, inner_mask)
@@ -490,3 +493,10 @@ def transposing_copy(kernel: k.Kernel, plan: KernelPlan, buffer_names: dict[Node
                      f"({why}) steps {steps[name]} along the innermost loop")
     return Decision(node_label(plan.roots[0]), "transpose",
                     f"{kernel.name} copies between layouts: " + "; ".join(parts))
+
+
+def _always_within(at: Expr, size) -> bool:
+    """Whether 0 <= at < size at every point of the kernel's domain."""
+    b = at.bounds()
+    return b is not None and known_le(0, b[0]) and known_lt(b[1], size)
+
