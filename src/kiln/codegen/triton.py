@@ -27,6 +27,7 @@ from kiln.ir.sizes import (
     known_divides,
     known_eq,
 )
+from kiln.passes.kernel_cse import merge_across_stages
 
 # An element-wise kernel's mask must not change inside a 16-byte vector (at most 16 elements)
 # for Triton to load whole vectors.
@@ -627,6 +628,10 @@ class _Renderer:
             self.emit(1, "rindex = tl.arange(0, RBLOCK)[None, :]")
             self.emit(1, f"rmask = rindex < {sz(kern.reduce_numel)}")
             self._decompose(1, "rindex", kern.reduce)
+            if self.split is None and not self.scratch and kern.reduce_numel != 0:
+                for s, loop in merge_across_stages(kern.stages, self.only_stored):
+                    self.stmt(s, 1, loop)
+                return
         for stage in kern.stages:
             if stage.loop and kern.reduce and kern.reduce_numel == 0:
                 self._empty_row_stage(stage)

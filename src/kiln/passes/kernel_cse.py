@@ -6,7 +6,8 @@ index again (a causal mask that compares two gathered positions: four copies of 
 wrap, bounds check and error flag). Within a stage, a statement equal to an earlier one
 after renaming (same function of the same values) is dropped and its uses take the earlier
 value; a check equal to an earlier one on the same value is reported once. Stages are loops
-of their own, so nothing is shared across them.
+of their own, so nothing is shared across them, except where one tile holds the whole row
+(merge_across_stages, for a code generator's persistent rows).
 """
 
 from __future__ import annotations
@@ -44,6 +45,29 @@ def _merged(body: tuple[k.Stmt, ...], written: set[str], checks: tuple) -> tuple
             first[key] = getattr(s, "out", "")
         out.append(s)
     return tuple(out)
+
+
+def merge_across_stages(stages: tuple[k.Stage, ...], unmerged: set[str]) -> list[tuple[k.Stmt, bool]]:
+    """Each statement with its stage's loop flag, a statement equal to an earlier one of a stage
+    with the same flag dropped: for rows held whole in one tile, where the stages share one
+    scope (a LayerNorm's mean, variance and output stages then load the row once). unmerged:
+    values never merged (a cast whose rounding is left to its store); flags are never merged."""
+    written = {s.buf for st in stages for s in st.body if isinstance(s, k.Store)}
+    rename: dict[str, str] = {}
+    first: dict[tuple, str] = {}
+    out: list[tuple[k.Stmt, bool]] = []
+    for st in stages:
+        for s in st.body:
+            s = _renamed(s, rename)
+            merged = not isinstance(s, k.Flag) and getattr(s, "out", None) not in unmerged
+            key = _key(s, written, ()) if merged else None
+            if key is not None and (st.loop, key) in first:
+                rename[s.out] = first[st.loop, key]
+                continue
+            if key is not None:
+                first[st.loop, key] = s.out
+            out.append((s, st.loop))
+    return out
 
 
 def _resited(s: k.Stmt, renumber: dict[int, int]) -> k.Stmt:
