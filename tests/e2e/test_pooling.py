@@ -50,3 +50,26 @@ def test_max_pool_indices_match_eager_with_nan_and_infinities(kwargs):
     x.view(-1)[::5] = float("-inf")
     x[0, 0] = float("-inf")  # windows of -inf alone: the index is the window's first position
     check(f, x, expect_native=True)  # values with NaN in place, indices exactly
+
+
+def test_channels_last_max_pool_runs_its_lines_unchecked_inside_the_image():
+    """Channels-last, a window's row and column checks hold for a whole line of channels: the
+    lines inside the image run without them (and vectorize), the border's with them; NaN and
+    -inf propagate as in eager either way."""
+    from kiln.frontend.backend import REPORTS
+
+    def f(x):
+        return F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
+
+    x = torch.randn(2, 32, 15, 14)
+    x.view(-1)[::7] = float("nan")
+    x.view(-1)[::5] = float("-inf")
+    x = x.to(memory_format=torch.channels_last)
+    torch._dynamo.reset()
+    before = len(REPORTS)
+    out = kiln.compile(f)(x)
+    torch.testing.assert_close(out, f(x), equal_nan=True, rtol=0, atol=0)
+    (report,) = REPORTS[before:]
+    if report.backend == "cpp":
+        (kernel,) = report.kernels
+        assert "= true;" in report.sources[kernel.name], report.sources[kernel.name]
