@@ -1,5 +1,6 @@
-"""A row kernel holding its whole row in one tile (Triton's persistent rows) computes each value
-of its row once, although its stages (mean, variance, output) each read the row."""
+"""A row kernel's stages (mean, variance, output) each read the row: Triton's persistent rows
+compute each value of it once, and a costly value (a GELU) is kept in a row array by the first
+loop over the row and read back by the later ones."""
 
 import os
 
@@ -28,3 +29,26 @@ def test_a_layer_norm_loads_its_row_once():
     row_inputs = [p.name for p, a in zip(kernel.params, kernel.args) if not p.is_output][:2]
     for name in row_inputs:  # the row, once (its first element is read apart: the variance's shift)
         assert source.count(f"tl.load({name} + (r0 + ") == 1, source
+
+
+def test_a_norm_over_a_gelu_computes_the_gelu_once_per_element():
+    """A LayerNorm's mean, variance and output each read the GELU's row: the first loop over the
+    row keeps it in a row array, the later ones read that back."""
+    from kiln.ir import kernel as k
+
+    b, w, bias = torch.randn(96), torch.randn(96), torch.randn(96)
+
+    def f(x):
+        return F.layer_norm(F.gelu(x + b), (96,), w, bias)
+
+    x = torch.randn(40, 96)
+    torch._dynamo.reset()
+    before = len(REPORTS)
+    out = kiln.compile(f)(x)
+    assert_same(out, f(x))
+    (report,) = REPORTS[before:]
+    (kernel,) = report.kernels
+    # once over the row, and for the row's first element (the variance's shift) in the mean's
+    # and the variance's stages; recomputed, it would be once per element in each stage too
+    gelus = [s for st in kernel.stages for s in st.body if isinstance(s, k.Compute) and s.fn == "gelu"]
+    assert len(gelus) <= 3, report.sources[kernel.name]

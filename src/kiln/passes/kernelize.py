@@ -33,6 +33,9 @@ from kiln.passes.layout import (
 INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
 # The most indices one kernel computes an inlined value at (see KernelEmitter._count_index).
 INDEX_VARIANT_LIMIT = 8
+# row arrays a kernel keeps at most: each is a row of up to the backend's row_scratch_limit
+# values on a C++ thread's stack (or in a Triton program's registers)
+KEPT_ROWS = 4
 # reductions whose bf16/f16 result is not exact: it is rounded to its dtype before use
 ROUNDED_REDUCTIONS = frozenset({"sum", "prod"})
 
@@ -116,10 +119,33 @@ class KernelEmitter:
             self._emit(k.Load(out, sc.name, self._row_position(), sc.dtype))
             stage.memo[key] = out
             return out
+        if self.use_scratch and mask is None and stage.loop and index == self._iter_index():
+            kept = self._kept_from_earlier_stage(node, key, stage)
+            if kept is not None:
+                stage.memo[key] = kept
+                return kept
         self._count_index(node, index)
         out = self._compute(node, index, mask)
         stage.memo[key] = out
         return out
+
+    def _kept_from_earlier_stage(self, node: Node, key: tuple, stage: _StageBuilder) -> str | None:
+        """A costly value an earlier loop stage computed at the same points: that stage keeps
+        it in a row array and this one reads it back (a LayerNorm over a GELU computes the GELU
+        once per element, not once per stage). None where no earlier stage computed it."""
+        if node.id in self.scratch or len(self.scratch) >= KEPT_ROWS or not _costly(node, self.buffer_names):
+            return None
+        position = self._position(stage)
+        for q, earlier in enumerate(self.stages[:position]):
+            if earlier.loop and key in earlier.memo:
+                sc = k.Scratch(f"row{len(self.scratch)}", compute_dtype(node.dtype))
+                earlier.body.append(k.Store(sc.name, self._row_position(), earlier.memo[key], sc.dtype))
+                self.scratch[node.id] = sc
+                self.scratch_stage[node.id] = q
+                out = self._tmp()
+                self._emit(k.Load(out, sc.name, self._row_position(), sc.dtype))
+                return out
+        return None
 
     def _count_index(self, node: Node, index: tuple[Expr, ...]) -> None:
         """A value inlined is computed once per index it is read at. Views that interleave
@@ -499,4 +525,21 @@ def _always_within(at: Expr, size) -> bool:
     """Whether 0 <= at < size at every point of the kernel's domain."""
     b = at.bounds()
     return b is not None and known_le(0, b[0]) and known_lt(b[1], size)
+
+
+# math that costs more than a row array's store and load (a rounding to bf16/f16 included)
+COSTLY_FUNCTIONS = frozenset({
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "erf", "erfc", "erfinv", "tanh", "sigmoid",
+    "gelu", "gelu_tanh", "silu", "softplus", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+    "asinh", "acosh", "atanh", "pow", "sqrt", "rsqrt", "div"})
+
+
+def _costly(node: Node, buffers: dict[Node, str], depth: int = 8) -> bool:
+    """Whether computing node inline (down to the buffers it loads) calls costly math."""
+    if node in buffers or depth == 0 or node.op is not Op.POINTWISE:
+        return False
+    fn = node.attrs[0]
+    if fn in COSTLY_FUNCTIONS or (fn == "cast" and node.dtype in (torch.bfloat16, torch.float16)):
+        return True
+    return any(_costly(i, buffers, depth - 1) for i in node.inputs)
 
