@@ -628,7 +628,7 @@ class _Renderer:
             self.emit(1, "rindex = tl.arange(0, RBLOCK)[None, :]")
             self.emit(1, f"rmask = rindex < {sz(kern.reduce_numel)}")
             self._decompose(1, "rindex", kern.reduce)
-            if self.split is None and not self.scratch and kern.reduce_numel != 0:
+            if self.split is None and kern.reduce_numel != 0:
                 for s, loop in merge_across_stages(kern.stages, self.only_stored):
                     self.stmt(s, 1, loop)
                 return
