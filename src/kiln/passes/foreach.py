@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.ir.group import make_group
-from kiln.ir.kernel import Kernel, size_params
+from kiln.ir.kernel import Kernel, Load, Store, size_params
 from kiln.ir.matmul import is_matmul
 from kiln.ir.sizes import is_symbolic
 from kiln.passes.fusion import Decision, KernelPlan, Schedule
@@ -29,6 +29,16 @@ def _groupable(kern: Kernel) -> bool:
     if kern.reduce or kern.checks or kern.sizes or is_symbolic(kern.outer_numel) or is_matmul(kern):
         return False
     return kern.outer_numel > 0 and not size_params(kern).sizes
+
+
+def walks_one_index(kern: Kernel) -> bool:
+    """Every load and store at the index of the kernel's stores, or of a single element: run
+    over a flat index as a group's member, it loses nothing."""
+    stmts = [s for st in kern.stages for s in st.body if isinstance(s, (Load, Store))]
+    stored = {s.index for s in stmts if isinstance(s, Store)}
+    if len(stored) != 1:
+        return False
+    return all(s.index in stored or not s.index.terms for s in stmts)
 
 
 def _buffers(kern: Kernel) -> tuple[set[str], set[str]]:

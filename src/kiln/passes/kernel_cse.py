@@ -31,20 +31,8 @@ def merge_common_values(stages: tuple[k.Stage, ...], checks: tuple) -> tuple[tup
 
 
 def _merged(body: tuple[k.Stmt, ...], written: set[str], checks: tuple) -> tuple[k.Stmt, ...]:
-    rename: dict[str, str] = {}
-    first: dict[tuple, str] = {}
-    out: list[k.Stmt] = []
-    for s in body:
-        s = _renamed(s, rename)
-        key = _key(s, written, checks)
-        if key is not None and key in first:
-            if not isinstance(s, k.Flag):
-                rename[s.out] = first[key]
-            continue
-        if key is not None:
-            first[key] = getattr(s, "out", "")
-        out.append(s)
-    return tuple(out)
+    kept = _without_repeats([(s, None) for s in body], lambda s: _key(s, written, checks))
+    return tuple(s for s, _ in kept)
 
 
 def merge_across_stages(stages: tuple[k.Stage, ...], unmerged: set[str]) -> list[tuple[k.Stmt, bool]]:
@@ -53,20 +41,31 @@ def merge_across_stages(stages: tuple[k.Stage, ...], unmerged: set[str]) -> list
     scope (a LayerNorm's mean, variance and output stages then load the row once). unmerged:
     values never merged (a cast whose rounding is left to its store); flags are never merged."""
     written = {s.buf for st in stages for s in st.body if isinstance(s, k.Store)}
+
+    def key(s: k.Stmt) -> tuple | None:
+        if isinstance(s, k.Flag) or getattr(s, "out", None) in unmerged:
+            return None
+        return _key(s, written, ())
+
+    return _without_repeats([(s, st.loop) for st in stages for s in st.body], key)
+
+
+def _without_repeats(items: list[tuple[k.Stmt, object]], key_of) -> list[tuple[k.Stmt, object]]:
+    """(statement, tag) pairs without a statement equal (by key_of, None: never) to an earlier
+    one of the same tag; later uses of a dropped value take the earlier one's."""
     rename: dict[str, str] = {}
     first: dict[tuple, str] = {}
-    out: list[tuple[k.Stmt, bool]] = []
-    for st in stages:
-        for s in st.body:
-            s = _renamed(s, rename)
-            merged = not isinstance(s, k.Flag) and getattr(s, "out", None) not in unmerged
-            key = _key(s, written, ()) if merged else None
-            if key is not None and (st.loop, key) in first:
-                rename[s.out] = first[st.loop, key]
-                continue
-            if key is not None:
-                first[st.loop, key] = s.out
-            out.append((s, st.loop))
+    out: list[tuple[k.Stmt, object]] = []
+    for s, tag in items:
+        s = _renamed(s, rename)
+        key = key_of(s)
+        if key is not None and (tag, key) in first:
+            if not isinstance(s, k.Flag):
+                rename[s.out] = first[tag, key]
+            continue
+        if key is not None:
+            first[tag, key] = getattr(s, "out", "")
+        out.append((s, tag))
     return out
 
 

@@ -133,11 +133,13 @@ class KernelEmitter:
         """A costly value an earlier loop stage computed at the same points: that stage keeps
         it in a row array and this one reads it back (a LayerNorm over a GELU computes the GELU
         once per element, not once per stage). None where no earlier stage computed it."""
-        if node.id in self.scratch or len(self.scratch) >= KEPT_ROWS or not _costly(node, self.buffer_names):
+        if node.id in self.scratch or len(self.scratch) >= KEPT_ROWS:
             return None
         position = self._position(stage)
         for q, earlier in enumerate(self.stages[:position]):
             if earlier.loop and key in earlier.memo:
+                if not _costly(node, self.buffer_names, set()):
+                    return None
                 sc = k.Scratch(f"row{len(self.scratch)}", compute_dtype(node.dtype))
                 earlier.body.append(k.Store(sc.name, self._row_position(), earlier.memo[key], sc.dtype))
                 self.scratch[node.id] = sc
@@ -534,12 +536,14 @@ COSTLY_FUNCTIONS = frozenset({
     "asinh", "acosh", "atanh", "pow", "sqrt", "rsqrt", "div"})
 
 
-def _costly(node: Node, buffers: dict[Node, str], depth: int = 8) -> bool:
-    """Whether computing node inline (down to the buffers it loads) calls costly math."""
-    if node in buffers or depth == 0 or node.op is not Op.POINTWISE:
+def _costly(node: Node, buffers: dict[Node, str], seen: set[Node]) -> bool:
+    """Whether computing node inline (down to the buffers it loads) calls costly math; seen:
+    the nodes already looked at (each once)."""
+    if node in seen or node in buffers or node.op is not Op.POINTWISE:
         return False
+    seen.add(node)
     fn = node.attrs[0]
     if fn in COSTLY_FUNCTIONS or (fn == "cast" and node.dtype in (torch.bfloat16, torch.float16)):
         return True
-    return any(_costly(i, buffers, depth - 1) for i in node.inputs)
+    return any(_costly(i, buffers, seen) for i in node.inputs)
 

@@ -50,9 +50,9 @@ from kiln.frontend.attention import rewrite_attention
 from kiln.frontend.importer import graph_device, import_graph
 from kiln.frontend.matmul_alignment import align_matmuls
 from kiln.ir.checks import ERROR_PARAM
-from kiln.ir.kernel import Kernel, Load, Store, kernel_str, size_params
+from kiln.ir.kernel import Kernel, kernel_str, size_params
 from kiln.ir.tensor import MATERIALIZED, Graph, Node, Op
-from kiln.passes.foreach import group_kernels
+from kiln.passes.foreach import group_kernels, walks_one_index
 from kiln.passes.fusion import Decision, FusionMismatch, KernelPlan, Schedule, plan_stores, schedule
 from kiln.passes.host_plan import build_host_program
 from kiln.passes.in_place import write_in_place, write_over_dead_buffers
@@ -251,7 +251,7 @@ def _joins_group(example_inputs) -> Callable[[Kernel], bool]:
     ceilings = _gpu_ceilings(example_inputs)
 
     def joins(kern: Kernel) -> bool:
-        if _streams_alike(kern):
+        if walks_one_index(kern):
             return True
         try:
             return kernel_cost(kern, ceilings).bound == "launch"
@@ -259,15 +259,6 @@ def _joins_group(example_inputs) -> Callable[[Kernel], bool]:
             return False
 
     return joins
-
-
-def _streams_alike(kern: Kernel) -> bool:
-    """Every load and store at the index of the kernel's stores, or of a single element."""
-    stmts = [s for st in kern.stages for s in st.body if isinstance(s, (Load, Store))]
-    stored = {s.index for s in stmts if isinstance(s, Store)}
-    if len(stored) != 1:
-        return False
-    return all(s.index in stored or not s.index.terms for s in stmts)
 
 
 def _matmul_templates(sched, kernels, names, layouts, backend: Backend, example_inputs) -> list[Decision]:
