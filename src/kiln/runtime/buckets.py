@@ -117,13 +117,13 @@ class BucketedGraphs:
               for s, v in values.items()}
         shapes = self._shapes(args, at)
         given = args  # a boxed call clears the list it was given
-        if self.plan.masked:  # the masked graph's last input: the real sizes, read at run time
-            args = [*args, _real_sizes([values[s] for s in self.plan.masked], self.plan.device)]
-            shapes.append(None)
         # a recording bakes in its non-tensor inputs and its sizes: both are part of its key
         key = tuple(s if s is not None else tuple(a.shape) if isinstance(a, torch.Tensor) else a
                     for a, s in zip(args, shapes))
         replay = self.replays.get(key)
+        if self.plan.masked:  # the masked graph's last input: the real sizes, read at run time
+            args = [*args, self._real_sizes([values[s] for s in self.plan.masked], replay)]
+            shapes.append(None)
         if replay is None:
             if len(self.replays) >= LIMIT:
                 if not self.unrecorded_calls:
@@ -145,6 +145,18 @@ class BucketedGraphs:
         dims = self.plan.outputs + [None] * len(outputs)
         return [self._cut(o, d, values, at) for o, d in zip(outputs, dims)]
 
+    def _real_sizes(self, values: list[int], replay: Any) -> torch.Tensor:
+        """The sizes as a tensor on the graph's device. A recorded graph's own buffer is filled in
+        place, one small kernel per size taking it as an argument: no copy from the host, which
+        would wait for the work queued before it or need page-locked memory per call."""
+        recorded = getattr(replay, "graph", None) is not None
+        if not recorded:
+            return torch.tensor(values, dtype=torch.int64, device=self.plan.device)
+        buffer = replay.inputs[-1]
+        for i, v in enumerate(values):
+            buffer[i].fill_(v)
+        return buffer
+
     def _new_replay(self, args: list, shapes: list, at: dict) -> Any:
         if self.graphs:
             return CudaGraphRunner(self.call, self.static, self.pool, shapes)
@@ -165,15 +177,6 @@ class BucketedGraphs:
         cut = o.reshape(sizes)[tuple(slice(0, values[f]) if f in self.padded else slice(None)
                                      for f in factors)]
         return cut.clone().reshape([int(sympy.prod([values.get(f, f) for f in d])) for d in dims])
-
-
-def _real_sizes(values: list[int], device: torch.device) -> torch.Tensor:
-    """The sizes as a tensor on device; on a GPU copied from page-locked memory, which does not
-    wait for the work already queued."""
-    host = torch.tensor(values, dtype=torch.int64)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def symbol_ranges(shape_env: Any, symbols: Any) -> dict[sympy.Symbol, tuple[int, int | None]]:

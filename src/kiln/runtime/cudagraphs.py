@@ -2,7 +2,8 @@
 
 The host program is recorded once, after a warm-up run, and then replayed with a single
 launch. Inputs are copied into the recorded buffers before each replay, except static ones
-(parameters and buffers, whose memory does not move between calls); outputs are copied out
+(parameters and buffers, whose memory does not move between calls) and a recorded buffer a
+caller filled itself; outputs are copied out
 after it, so a later replay never overwrites what a caller holds.
 
 A recording may be made at sizes larger than the call's (runtime/buckets.py): its inputs are
@@ -69,7 +70,7 @@ class CudaGraphRunner:
             self._record(args)
             return self.outputs
         for i, (dst, src) in enumerate(zip(self.inputs, args)):
-            if isinstance(dst, torch.Tensor) and i not in self.static:
+            if isinstance(dst, torch.Tensor) and i not in self.static and dst is not src:
                 if dst.shape != src.shape:
                     dst = dst[tuple(slice(0, n) for n in src.shape)]
                 dst.copy_(src)
