@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
 
 import torch
 
@@ -165,10 +164,10 @@ def _kernel_problem(kern: k.Kernel, buffer: str) -> str | None:
     return None
 
 
-def write_in_place(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[Node, str], layouts,
-                   emit: Callable[[KernelPlan, dict[Node, str]], k.Kernel]) -> list[Decision]:
+def write_in_place(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[Node, str],
+                   layouts) -> list[Decision]:
     """Rewrite sched, kernels and names (in place) so that each safe input update is stored by
-    its kernel into the input; emit(plan, names) builds a kernel again. One decision per update."""
+    its kernel into the input. One decision per update."""
     updates = input_updates(sched)
     if not updates or any(is_symbolic(s) for u in updates for s in u.target.shape):
         return []  # a shape family's updates (a static KV cache's) stay copies after the kernels
@@ -184,17 +183,18 @@ def write_in_place(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[No
         verdicts[u] = problem
         if problem is None:
             renamed_values.add(u.value)
-    # emit each kernel with its new values named as the inputs; what turns out unsafe inside
-    # its kernel is undone, and the kernel emitted again
+    # each kernel stores its new values into the inputs; what turns out unsafe inside its
+    # kernel is undone, and the rest tried again
     by_writer: dict[int, list[InputUpdate]] = {}
     for u, problem in verdicts.items():
         if problem is None:
             by_writer.setdefault(id(writers[u.value]), []).append(u)
     for plan_id, group in by_writer.items():
-        plan = next(s for s in sched.steps if id(s) == plan_id)
         while group:
-            trial = {**names, **{u.value: names[u.target] for u in group}}
-            kern = _stores_after_loads(emit(plan, trial))
+            kern = kernels[plan_id]
+            for u in group:
+                kern = _stored_as(kern, names[u.value], names[u.target])
+            kern = _stores_after_loads(kern)
             unsafe = [u for u in group if _kernel_problem(kern, names[u.target]) is not None]
             for u in unsafe:
                 verdicts[u] = _kernel_problem(kern, names[u.target])
@@ -249,6 +249,14 @@ def _stored_into(kern: k.Kernel, result: str, buffer: str) -> k.Kernel:
             for p, a in zip(kern.params, kern.args) if p.name != out]
     return dataclasses.replace(kern, stages=stages, params=tuple(p for p, _ in kept),
                                args=tuple(a for _, a in kept))
+
+
+def _stored_as(kern: k.Kernel, result: str, buffer: str) -> k.Kernel:
+    """kern storing into buffer what it stored into result: into the parameter it reads buffer
+    through if it has one (parameters never alias each other), else through result's own."""
+    if buffer in kern.args:
+        return _stored_into(kern, result, buffer)
+    return dataclasses.replace(kern, args=tuple(buffer if a == result else a for a in kern.args))
 
 
 def write_over_dead_buffers(sched: Schedule, kernels: dict[int, k.Kernel], names: dict[Node, str],

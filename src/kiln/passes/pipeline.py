@@ -152,12 +152,7 @@ def _compile_graph(
     with _Timer(report, "fuse+kernelize") as t:
         sched, kernels = _fuse_and_kernelize(graph, stored, aliases, decisions, layouts, backend)
         names = buffer_names_for(graph, sched.stored)
-
-        def emit(plan, trial):
-            return emit_kernel("kernel", plan, trial, layouts, backend.row_scratch_limit,
-                               backend.keep_loaded_rows)
-
-        updates = write_in_place(sched, kernels, names, layouts, emit)
+        updates = write_in_place(sched, kernels, names, layouts)
         kernels = _name_by_content(kernels, sched)
         templates = _matmul_templates(sched, kernels, names, layouts, backend, example_inputs)
         # the numerics check evaluates each launch from its inputs after it ran: they stay intact
