@@ -52,3 +52,25 @@ def test_a_norm_over_a_gelu_computes_the_gelu_once_per_element():
     # and the variance's stages; recomputed, it would be once per element in each stage too
     gelus = [s for st in kernel.stages for s in st.body if isinstance(s, k.Compute) and s.fn == "gelu"]
     assert len(gelus) <= 3, report.sources[kernel.name]
+
+
+@pytest.mark.parametrize("shape", [(64, 300), (7, 1000)])
+def test_cross_entropy_reads_each_row_in_one_kernel(shape):
+    """The maximum is stored for the loss's gather, and the sum of exponentials reads it: the
+    kernel storing the maximum computes the sum in the same row, instead of a second kernel
+    reading the logits again."""
+    target = torch.randint(0, shape[1], (shape[0],))
+
+    def f(x):
+        return F.cross_entropy(x, target)
+
+    x = torch.randn(*shape) * 3
+    torch._dynamo.reset()
+    before = len(REPORTS)
+    out = kiln.compile(f)(x)
+    assert_same(out, f(x))
+    (report,) = REPORTS[before:]
+    logits = [kern for kern in report.kernels if "arg0" in kern.args
+              and any(st.loop for st in kern.stages) and kern.reduce and kern.reduce[-1].extent == shape[1]]
+    assert len(logits) == 1, [kern.name for kern in report.kernels]
+    assert any(d.verdict == "merged" and "in the same row" in d.reason for d in report.decisions)
