@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 import textwrap
@@ -51,7 +52,9 @@ def test_a_fresh_process_without_a_compiler_runs_the_artifact(demo_artifact, tmp
         print("ok")
     """)
     src = os.path.join(os.path.dirname(kiln.__file__), "..")
-    env = {"PATH": str(bin_dir), "PYTHONPATH": os.path.abspath(src), "CXX": "/nonexistent",
+    # the link runs the base interpreter: a virtual environment's packages come by the path
+    path_entries = [os.path.abspath(src), *site.getsitepackages()]
+    env = {"PATH": str(bin_dir), "PYTHONPATH": os.pathsep.join(path_entries), "CXX": "/nonexistent",
            "KILN_CACHE_DIR": str(tmp_path / "empty-cache"), "HOME": str(tmp_path)}
     result = subprocess.run([str(bin_dir / "python"), "-c", script], env=env, capture_output=True, text=True,
                             timeout=300)

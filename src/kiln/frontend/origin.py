@@ -69,7 +69,7 @@ class Origin:
 
 
 _ORIGIN_META = ("stack_trace", "nn_module_stack", "fwd_nn_module_stack", "source_fn_stack",
-                "autograd_backward", "original_aten")
+                "autograd_backward", "partitioner_tag", "original_aten")
 
 
 def keep_origin(new, old) -> None:
@@ -110,7 +110,8 @@ def origin_of(meta: dict) -> Origin | None:
     aten_name = str(aten) if aten is not None else ""
     if not (module_class or file or aten_name):
         return None
-    # a forward op recomputed in the backward graph keeps its own module stack
-    backward = bool(meta.get("autograd_backward")) and not (meta.get("nn_module_stack")
-                                                            or meta.get("source_fn_stack"))
+    # a forward op recomputed in the backward graph keeps its own module stack; torch 2.11
+    # tags the backward's nodes only through the partitioner's tag
+    backward = (bool(meta.get("autograd_backward")) or meta.get("partitioner_tag") == "is_backward") \
+        and not (meta.get("nn_module_stack") or meta.get("source_fn_stack"))
     return Origin(module, module_class, file, line, code, aten_name, backward)

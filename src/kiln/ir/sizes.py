@@ -409,6 +409,8 @@ def _size_ops() -> dict:
     for name, fn in (("sym_max", sympy.Max), ("sym_min", sympy.Min)):
         if hasattr(torch, name):
             ops[getattr(torch, name)] = fn
+    if hasattr(torch, "sym_sum"):  # one argument: the terms (Dynamo of torch 2.11 emits it)
+        ops[torch.sym_sum] = lambda terms: sum(terms, sympy.Integer(0))
     return ops
 
 
@@ -429,7 +431,8 @@ def size_call(target: Any, args: tuple, kwargs: dict) -> Size | None:
     if fn is None:
         return None
     reads_tensor = target not in _ARITHMETIC_NAMES_CACHE() and args and hasattr(args[0], "shape")
-    if not reads_tensor and not any(is_symbolic(a) for a in args):
+    terms = [t for a in args for t in (a if isinstance(a, (list, tuple)) else (a,))]
+    if not reads_tensor and not any(is_symbolic(t) for t in terms):
         return None
     value = fn(*args)
     return simplify(as_size(value)) if isinstance(value, (int, sympy.Basic)) else value
