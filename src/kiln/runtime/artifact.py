@@ -210,7 +210,7 @@ def _output_structure(out_spec) -> str:
     """How the user's function returns its tensors: one, or a tuple or list of them."""
     if out_spec.is_leaf():
         return "tensor"
-    if out_spec.type not in (tuple, list) or any(not c.is_leaf() for c in out_spec.children_specs):
+    if out_spec.type not in (tuple, list) or any(not c.is_leaf() for c in out_spec.children()):
         raise NotImplementedError("kiln.export: the function must return a tensor or a flat tuple or "
                                   "list of tensors")
     return out_spec.type.__name__
