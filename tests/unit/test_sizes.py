@@ -140,3 +140,10 @@ def test_kernels_of_different_families_share_one_text():
     one, other = size_params(kernel(s0, s1)), size_params(kernel(p, q))
     assert kernel_str(one) == kernel_str(other) and "ks1 * x0" in kernel_str(one)
     assert one.sizes == (s0, s1) and other.sizes == (p, q)
+
+
+@pytest.mark.skipif(not hasattr(torch, "sym_sum"), reason="torch.sym_sum")
+def test_a_sum_of_sizes_in_one_call_is_their_sum():
+    """Dynamo of some torch versions writes s0 + 1 as torch.sym_sum((1, s0))."""
+    assert sizes.size_call(torch.sym_sum, ((1, s0, s1),), {}) == s0 + s1 + 1
+    assert sizes.size_call(torch.sym_sum, ((1, 2),), {}) is None  # plain ints: the importer's
