@@ -74,3 +74,21 @@ def test_cross_entropy_reads_each_row_in_one_kernel(shape):
               and any(st.loop for st in kern.stages) and kern.reduce and kern.reduce[-1].extent == shape[1]]
     assert len(logits) == 1, [kern.name for kern in report.kernels]
     assert any(d.verdict == "merged" and "in the same row" in d.reason for d in report.decisions)
+
+
+def test_a_stored_reduction_read_at_other_rows_stays_in_its_own_kernel():
+    """A later reduction over the same rows reads the maximum of other rows (a flip): its kernel
+    cannot compute that maximum in its own row, so the maximum keeps a kernel of its own."""
+    def f(x):
+        peak = x.amax(-1, keepdim=True)
+        return peak, (x - peak.flip(0)).exp().sum(-1)
+
+    x = torch.randn(8, 32)
+    torch._dynamo.reset()
+    before = len(REPORTS)
+    out = kiln.compile(f)(x)
+    for got, want in zip(out, f(x)):
+        assert_same(got, want)
+    (report,) = REPORTS[before:]
+    assert len(report.kernels) == 2, [kern.name for kern in report.kernels]
+    assert not any(d.verdict == "merged" and "in the same row" in d.reason for d in report.decisions)

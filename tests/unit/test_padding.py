@@ -257,3 +257,26 @@ def test_an_op_the_analysis_misreads_refuses_every_size(capture, monkeypatch):
     plan = _plan_of(capture, _mlp, torch.randn(3, 9, 64))
     assert not plan.padded and plan.refused
     assert all("misread" in why for why in plan.refused.values()), plan.text()
+
+
+def test_a_recordings_real_sizes_are_filled_in_its_own_buffer():
+    """After a recording, each replay fills the buffer the graph reads the real sizes from, and
+    the runner does not copy an input that already is its recorded buffer."""
+    from types import SimpleNamespace
+
+    from kiln.runtime.cudagraphs import CudaGraphRunner
+
+    runner = CudaGraphRunner(lambda args: args)
+    assert runner.recorded_input(1) is None  # not recorded yet
+    replays = []
+    runner.graph = SimpleNamespace(replay=lambda: replays.append(1))  # as recorded
+    runner.inputs = [torch.zeros(4), torch.zeros(2, dtype=torch.int64)]
+    program = BucketedGraphs(lambda args: args, SimpleNamespace(padded=(), device=torch.device("cpu")), {},
+                             pad=False, graphs=False)
+    sizes = program._real_sizes([7, 3], runner)
+    assert sizes is runner.recorded_input(1) and sizes.tolist() == [7, 3]
+    x = torch.randn(4)
+    runner.replay([x, sizes])
+    assert replays == [1] and torch.equal(runner.inputs[0], x) and runner.inputs[1].tolist() == [7, 3]
+    fresh = program._real_sizes([5], None)  # no recording: a tensor of its own
+    assert fresh.tolist() == [5] and fresh is not sizes

@@ -465,7 +465,7 @@ def _may_merge_unrelated(shape, streams: int, max_points: int | None, max_buffer
 def schedule(
     graph: Graph, stored: dict[Node, str], aliases: dict[Node, Alias], decisions: list[Decision],
     merge_unrelated_points: int | None = None, broadcast_math: Ceilings | None = None,
-    merge_unrelated_buffers: int | None = None, share_rows: bool = True,
+    merge_unrelated_buffers: int | None = None, unshared: frozenset[Node] = frozenset(),
 ) -> Schedule:
     """Kernels for every stored node that is computed, given the stored set so far. Kernels
     over one domain merge where independent; over a domain of more than merge_unrelated_points
@@ -473,10 +473,10 @@ def schedule(
     only those that read a buffer in common (or one computes what the other reads).
     broadcast_math: the device's ceilings, to store math-library values that consumers would
     recompute at more points where the cost model says it pays (_store_broadcast_math); None:
-    never (a GPU's math is nearly free and a store costs a launch). share_rows: a reduction a
-    kernel stores is also computed, in the same row, for a later reduction over that row that
-    reads it (cross-entropy's maximum and its sum of exponentials: one read of each row where
-    two kernels read it twice); False where a consumer turned out to read it at other rows."""
+    never (a GPU's math is nearly free and a store costs a launch). A reduction a kernel stores
+    is also computed, in the same row, for a later reduction over that row that reads it
+    (cross-entropy's maximum and its sum of exponentials: one read of each row where two
+    kernels read it twice), except those in unshared (a consumer read them at other rows)."""
     users = graph.users()
     widely_read = _store_widely_read(graph, users, stored) | _store_to_bound_kernels(graph, stored)
     if broadcast_math is not None:
@@ -524,7 +524,7 @@ def schedule(
             # compute for n
             recomputable = {r for r in step.roots if stored[r] != READ_AS_STORED and (
                 r.op is not Op.REDUCE
-                or share_rows and r.inputs[0].shape == iter_shape and r.attrs[1] == axes)}
+                or r not in unshared and r.inputs[0].shape == iter_shape and r.attrs[1] == axes)}
             related = (bool(need & (buffers[k] | set(step.roots)))
                        or _may_merge_unrelated(iter_shape, len(buffers[k] | need) + len(step.roots) + 1,
                                                merge_unrelated_points, merge_unrelated_buffers))

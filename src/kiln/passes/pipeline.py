@@ -303,11 +303,11 @@ def _log_compiled(report: CompileReport) -> None:
 def _fuse_and_kernelize(
     graph, stored, aliases, decisions, layouts, backend: Backend
 ) -> tuple[Schedule, dict[int, Kernel]]:
-    share_rows = True
+    unshared: set[Node] = set()  # stored reductions kernelize found read at other rows
     while True:
         sched = schedule(graph, dict(stored), aliases, list(decisions), backend.merge_unrelated_points,
                          _cpu_ceilings() if backend.store_broadcast_math else None,
-                         backend.merge_unrelated_buffers, share_rows)
+                         backend.merge_unrelated_buffers, frozenset(unshared))
         names = buffer_names_for(graph, sched.stored)
         kernels: dict[int, Kernel] = {}
         try:
@@ -318,8 +318,8 @@ def _fuse_and_kernelize(
                     )
             return sched, _name_by_content(kernels, sched)
         except FusionMismatch as e:
-            if e.node in sched.stored and share_rows:  # a stored row reduction read at other rows
-                share_rows = False
+            if e.node in sched.stored and e.node not in unshared:  # a kernel computed it for another
+                unshared.add(e.node)
                 continue
             if e.node in sched.stored:  # storing it again would change nothing
                 raise RuntimeError(f"kernelize: {e.reason}") from e

@@ -149,10 +149,9 @@ class BucketedGraphs:
         """The sizes as a tensor on the graph's device. A recorded graph's own buffer is filled in
         place, one small kernel per size taking it as an argument: no copy from the host, which
         would wait for the work queued before it or need page-locked memory per call."""
-        recorded = getattr(replay, "graph", None) is not None
-        if not recorded:
+        buffer = replay.recorded_input(-1) if isinstance(replay, CudaGraphRunner) else None
+        if buffer is None:
             return torch.tensor(values, dtype=torch.int64, device=self.plan.device)
-        buffer = replay.inputs[-1]
         for i, v in enumerate(values):
             buffer[i].fill_(v)
         return buffer

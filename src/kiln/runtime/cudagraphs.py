@@ -64,6 +64,11 @@ class CudaGraphRunner:
             self.outputs = self.call(list(self.inputs))
         self.graph.replay()  # recording does not run the kernels
 
+    def recorded_input(self, i: int) -> torch.Tensor | None:
+        """The buffer input i is read from at replay; None before the recording. A caller may
+        fill it itself and pass it as the input: it is then not copied."""
+        return self.inputs[i] if self.graph is not None else None
+
     def replay(self, args: list) -> list:
         """The recorded outputs (overwritten by the next replay) for these inputs."""
         if self.graph is None:
